@@ -1,0 +1,23 @@
+"""Converge every Spark in the inventory into a verified, health-checked vLLM endpoint.
+
+    pyinfra -y inventory/sparks.py deploy.py
+"""
+
+from pyinfra import host
+
+from sparkfleet.deploys import (
+    endpoint_for,
+    install_healthcheck,
+    install_service,
+    install_toolkit,
+    register_runtime,
+    stage_weights,
+)
+
+spark = endpoint_for(host)  # validates the whole inventory before any operation is queued
+
+install_toolkit(spark)       # 1. NVIDIA Container Toolkit, pinned, from NVIDIA's signed apt repository
+register_runtime(spark)      # 2. nvidia runtime in daemon.json; dockerd restarts only if that changed
+stage_weights(spark)         # 3. weights on local NVMe: verified, resumable, never fetched twice
+install_service(spark)       # 4. systemd unit running the vLLM container from the recipe + overrides
+install_healthcheck(spark)   # 5. health timer: notices, diagnoses and reports a sick endpoint

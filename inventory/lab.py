@@ -1,0 +1,45 @@
+"""The Spark lab (`python -m tests.lab up`) as a pyinfra inventory, with the groups of sparks.py.
+
+Reads the state file the lab writes; the lab's values replace the stand-ins' production URLs.
+"""
+
+import json
+from pathlib import Path
+
+_REPO = Path(__file__).resolve().parents[1]
+_STATE = _REPO / ".lab" / "state.json"
+if not _STATE.exists():
+    raise SystemExit("inventory/lab.py: the lab is not up; run `python -m tests.lab up` first")
+_lab = json.loads(_STATE.read_text())
+# Per-host overrides for experiments and tests, e.g. {"spark-02": {"vllm_args": {"max-num-seqs": 2}}}.
+_OVERRIDES = _REPO / ".lab" / "host_data.json"
+_overrides = json.loads(_OVERRIDES.read_text()) if _OVERRIDES.exists() else {}
+
+
+def _host(lab_host: dict) -> tuple[str, dict]:
+    arm64 = lab_host["arch"] == "arm64"
+    return lab_host["name"], {
+        "ssh_hostname": "127.0.0.1",
+        "ssh_port": lab_host["ssh_port"],
+        "ssh_user": "root",
+        "ssh_key": _lab["ssh_key"],
+        "ssh_known_hosts_file": "/dev/null",
+        "ssh_strict_host_key_checking": "no",
+        "lab_container": lab_host["container"],
+        "nvidia_repo_url": _lab["nvidia_repo_url"],
+        "nvidia_key_url": _lab["nvidia_key_url"],
+        "nvidia_key_fingerprint": _lab["nvidia_key_fingerprint"],
+        # The arm64 host pulls weights from the controller, the amd64 hosts from the lab's mirror,
+        # so both staging paths run on every deploy.
+        "model_source": _lab["model_local_dir"] if arm64 else _lab["model_mirror_url"],
+        "vllm_api_key": "file:" + str(_REPO / ".lab" / "secrets" / "vllm_api_key"),
+        # Containers cannot start under qemu-user emulation: stage everything, start nothing.
+        "vllm_start": not arm64,
+        "health_textfile_dir": "/var/lib/node_exporter/textfile_collector",
+    } | _overrides.get(lab_host["name"], {})
+
+
+_hosts = [_host(h) for h in _lab["hosts"]]
+sparks = _hosts
+lab_amd64 = [name for name, data in _hosts if data["vllm_start"]]
+lab_arm64 = [name for name, data in _hosts if not data["vllm_start"]]

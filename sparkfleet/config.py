@@ -1,0 +1,155 @@
+"""Inventory variables: the one home of their defaults, types and documentation.
+
+Every variable sparkfleet reads is a field of `SparkConfig`; README's table is generated from it
+(`python -m sparkfleet vars`) and a test keeps the two equal.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import PurePosixPath
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+
+from sparkfleet.recipes import FlagValue, load_recipes
+
+PREFIXES = ("vllm_", "model_", "nvidia_", "health_", "weights_", "hf_")
+
+
+def _secret_ref(value: str) -> str:
+    """Secrets are referenced, never written into inventory: `env:NAME` or `file:/path`."""
+    kind, _, rest = value.partition(":")
+    if kind not in ("env", "file") or not rest:
+        raise ValueError(
+            "secrets are never written into inventory; give `env:VARIABLE` (read from the controller's "
+            "environment) or `file:/path/outside/git`"
+        )
+    return value
+
+
+def _absolute(value: str) -> str:
+    if not PurePosixPath(value).is_absolute():
+        raise ValueError(f"{value!r} is relative; give an absolute path on the Spark's local NVMe, e.g. "
+                         "/var/lib/sparkfleet/models/qwen3.6")
+    return value
+
+
+def _model_source(value: str) -> str:
+    if value.startswith(("hf://", "http://", "https://", "/")):
+        return value
+    raise ValueError(f"{value!r} is not a model source; use hf://org/name@revision, an http(s) mirror URL "
+                     "or an absolute directory on the controller")
+
+
+SecretRef = Annotated[str, AfterValidator(_secret_ref)]
+AbsolutePath = Annotated[str, AfterValidator(_absolute)]
+
+
+class SparkConfig(BaseModel):
+    """The inventory variables of one Spark, after host, group and `--data` values are merged."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    vllm_recipe: str = Field(
+        "qwen3.6-35b-a3b-nvfp4", description="Serving recipe (image, model, flags) to start from.",
+        examples=["qwen3.6-35b-a3b-fp8"])
+    vllm_args: dict[str, FlagValue | None] = Field(
+        default_factory=dict, description="vLLM flags overriding the recipe's, without leading dashes; "
+        "`_` and `-` are the same; null removes a recipe flag.", examples=[{"max-num-seqs": 8}])
+    vllm_image: str | None = Field(
+        None, description="Image overriding the recipe's, by tag or digest.",
+        examples=["vllm/vllm-openai:v0.28.0@sha256:…"])
+    vllm_port: int = Field(8000, ge=1, le=65535, description="Port the endpoint serves on (host network).",
+                           examples=[8001])
+    vllm_served_model_name: str | None = Field(
+        None, description="Model name clients send; defaults to the recipe's model id.", examples=["qwen"])
+    vllm_start: bool = Field(
+        True, description="Start the endpoint; false installs and stages everything but starts nothing "
+        "(pre-staging a fleet, emulated hosts).", examples=[False])
+    vllm_api_key: SecretRef | None = Field(
+        None, description="Where the endpoint's API key comes from; it reaches the Spark only in a root-only "
+        "env file.", examples=["env:SPARKFLEET_VLLM_API_KEY"])
+    hf_token: SecretRef | None = Field(
+        None, description="Where the Hugging Face token comes from (hf:// sources of gated models).",
+        examples=["file:~/.config/sparkfleet/hf_token"])
+    model_source: Annotated[str, AfterValidator(_model_source)] | None = Field(
+        None, description="Where weights come from: hf://org/name@rev (downloaded on the Spark), an http(s) "
+        "mirror with SHA256SUMS, or a directory on the controller; defaults to the recipe's model on the Hub.",
+        examples=["http://mirror.lan/models/qwen3.6-nvfp4"])
+    model_dir: AbsolutePath = Field(
+        "/var/lib/sparkfleet/models", description="Directory on the Spark's local NVMe holding one "
+        "subdirectory per model.", examples=["/srv/models"])
+    weights_verify: Literal["fast", "full"] = Field(
+        "fast", description="`fast` checks presence, sizes and mtimes against the staging manifest; `full` "
+        "re-hashes every file and repairs what differs.", examples=["full"])
+    nvidia_repo_url: str = Field(
+        "https://nvidia.github.io/libnvidia-container/stable/deb/$(ARCH)",
+        description="NVIDIA Container Toolkit apt repository; apt expands $(ARCH).",
+        examples=["http://apt-mirror.lan/libnvidia-container/stable/deb/$(ARCH)"])
+    nvidia_key_url: str = Field(
+        "https://nvidia.github.io/libnvidia-container/gpgkey", description="Signing key of that repository.",
+        examples=["http://apt-mirror.lan/libnvidia-container/gpgkey"])
+    nvidia_key_fingerprint: str = Field(
+        "C95B321B61E88C1809C4F759DDCAE044F796ECB0", pattern=r"^[0-9A-F]{40}$",
+        description="Fingerprint the downloaded key must have; a rotated or swapped key stops the run.",
+        examples=["C95B321B61E88C1809C4F759DDCAE044F796ECB0"])
+    nvidia_toolkit_version: str = Field(
+        "1.19.0-1", pattern=r"^[0-9][0-9A-Za-z.+~-]*$", description="Debian version all four toolkit packages "
+        "are pinned to (1.19.1 with CDI froze GB10s: toolkit #1910).", examples=["1.19.1-1"])
+    nvidia_cdi: bool = Field(False, description="Enable CDI in dockerd (`features.cdi`).", examples=[True])
+    nvidia_default_runtime: bool = Field(
+        False, description="Make `nvidia` dockerd's default runtime.", examples=[True])
+    health_interval_seconds: int = Field(30, ge=5, description="How often the health timer probes.",
+                                         examples=[60])
+    health_alert_after: int = Field(3, ge=1, description="Consecutive failures before an alert.", examples=[5])
+    health_deep_every: int = Field(
+        10, ge=1, description="Every Nth probe also sends a 1-token completion (catches a hung engine).",
+        examples=[4])
+    health_webhook_url: SecretRef | None = Field(
+        None, description="Where the alert webhook URL comes from (it often embeds a token).",
+        examples=["env:SPARKFLEET_WEBHOOK"])
+    health_textfile_dir: AbsolutePath | None = Field(
+        "/var/lib/node_exporter/textfile_collector",
+        description="node_exporter textfile directory for health metrics; null disables.",
+        examples=["/var/lib/prometheus/node-exporter"])
+
+
+class InventoryError(Exception):
+    """Bad inventory data: one paragraph per problem, each naming host, variable and fix."""
+
+
+def variable_names() -> list[str]:
+    return list(SparkConfig.model_fields)
+
+
+def _suggest(name: str) -> str:
+    close = difflib.get_close_matches(name, variable_names(), n=1, cutoff=0.6)
+    return f" Did you mean `{close[0]}`?" if close else ""
+
+
+def _describe(error: dict) -> str:
+    field = ".".join(str(part) for part in error["loc"])
+    if error["type"] == "extra_forbidden":
+        return f"`{field}` is not a sparkfleet variable.{_suggest(field)}"
+    message = error["msg"].removeprefix("Value error, ")
+    return f"`{field}` = {error.get('input')!r}: {message}."
+
+
+def parse_host(host: str, data: dict[str, object]) -> SparkConfig:
+    """Validate one host's sparkfleet variables; other keys (ssh_*, _sudo, …) belong to pyinfra."""
+    ours = {key: value for key, value in data.items() if key.startswith(PREFIXES)}
+    try:
+        config = SparkConfig(**ours)
+    except ValidationError as error:
+        raise InventoryError("\n".join(f"{host}: {_describe(e)}" for e in error.errors())) from None
+    if config.vllm_recipe not in load_recipes():
+        known = ", ".join(load_recipes())
+        raise InventoryError(f"{host}: `vllm_recipe` = {config.vllm_recipe!r} is not a shipped recipe; "
+                             f"use one of: {known}.{_suggest_recipe(config.vllm_recipe)}")
+    return config
+
+
+def _suggest_recipe(name: str) -> str:
+    close = difflib.get_close_matches(name, list(load_recipes()), n=1, cutoff=0.5)
+    return f" Did you mean `{close[0]}`?" if close else ""

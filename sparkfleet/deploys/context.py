@@ -1,0 +1,47 @@
+"""The validated fleet, computed once per run, and the per-host results later steps depend on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pyinfra import logger, state
+from pyinfra.api import Host
+from pyinfra.api.operation import OperationMeta
+
+from sparkfleet.endpoint import Endpoint
+from sparkfleet.fleet import load_fleet
+
+TEMPLATES = Path(__file__).resolve().parents[2] / "templates"
+
+_fleets: dict[int, dict[str, Endpoint]] = {}
+# Operations whose change means the endpoint must restart, per host (weights, image, unit, env file).
+restart_triggers: dict[str, list[OperationMeta]] = {}
+# Operations that (re)start the endpoint, per host: the health step waits for it after them.
+activations: dict[str, list[OperationMeta]] = {}
+
+
+def will_change(*ops: OperationMeta) -> bool:
+    """Whether any of `ops` plans a change (known at prepare time, from the facts).
+
+    Follow-up operations (reloads, restarts, waits) are queued only then, so a converged host plans
+    zero operations under `--dry`, and `_if=` still confirms the change at execute time.
+    """
+    return any(op.will_change for op in ops)
+
+
+def changed(*ops: OperationMeta):  # noqa: ANN201
+    """An `_if=` callable: true at execute time when any of `ops` changed the host."""
+    return lambda: any(op.did_change() for op in ops)
+
+
+def endpoint_for(host: Host) -> Endpoint:
+    """This host's endpoint; the first call validates every targeted host, so one bad host stops all."""
+    key = id(state)
+    if key not in _fleets:
+        hosts = {h.name: h.data.dict() for h in state.inventory.iter_activated_hosts()}
+        _fleets[key], warnings = load_fleet(hosts)
+        for warning in warnings:
+            logger.warning(f"sparkfleet: {warning}")
+    restart_triggers.setdefault(host.name, [])
+    activations.setdefault(host.name, [])
+    return _fleets[key][host.name]

@@ -1,0 +1,71 @@
+"""Step 5: a systemd timer that probes the endpoint, diagnoses a sick one and reports it."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+from pyinfra.api import deploy
+from pyinfra.operations import files, server, systemd
+
+from sparkfleet.deploys.context import TEMPLATES, activations, changed, will_change
+from sparkfleet.endpoint import CONTAINER, ENV_FILE, ETC, UNIT, Endpoint
+
+REMOTE = Path(__file__).resolve().parents[1] / "remote"
+CHECKER = "/usr/local/lib/sparkfleet/healthcheck.py"
+CONFIG = f"{ETC}/health.json"
+STATE_DIR = "/var/lib/sparkfleet/health"
+HEALTH = "sparkfleet-health"
+
+
+def health_config(spark: Endpoint) -> dict[str, object]:
+    """The checker's configuration: no secrets (those come from the env file)."""
+    config = spark.config
+    return {
+        "endpoint": UNIT, "unit": f"{UNIT}.service", "container": CONTAINER,
+        "url": f"http://127.0.0.1:{config.vllm_port}", "served_model_name": spark.served_name,
+        "load_window_seconds": spark.recipe.load_timeout_seconds, "interval_seconds": config.health_interval_seconds,
+        "deep_every": config.health_deep_every, "timeout_seconds": 5, "deep_timeout_seconds": 60,
+        "alert_after": config.health_alert_after, "textfile_dir": config.health_textfile_dir,
+        "state_dir": STATE_DIR, "log_lines": 1000,
+    }
+
+
+@deploy("Install the endpoint health check")
+def install_healthcheck(spark: Endpoint) -> None:
+    files.put(name="Install the health checker", src=str(REMOTE / "healthcheck.py"), dest=CHECKER, mode="755",
+              create_remote_dir=True)
+    files.put(name="Write the health checker's configuration",
+              src=io.StringIO(json.dumps(health_config(spark), indent=2) + "\n"), dest=CONFIG, mode="644")
+    units = [
+        files.template(
+            name=f"Render the {HEALTH}.{kind} unit", src=str(TEMPLATES / "health" / f"{HEALTH}.{kind}.j2"),
+            dest=f"/etc/systemd/system/{HEALTH}.{kind}", mode="644",
+            interval=spark.config.health_interval_seconds, checker=CHECKER, config=CONFIG, env_file=ENV_FILE,
+        )
+        for kind in ("service", "timer")
+    ]
+    if will_change(*units):
+        systemd.daemon_reload(name="Reload systemd to read the changed health units", _if=changed(*units))
+    enabled = spark.config.vllm_start
+    systemd.service(
+        name=f"{'Enable and start' if enabled else 'Keep stopped'} the health timer",
+        service=f"{HEALTH}.timer", running=enabled, enabled=enabled,
+    )
+    started = activations[spark.host]
+    if enabled and will_change(*started):
+        wait_healthy(spark, _if=changed(*started))
+
+
+def wait_healthy(spark: Endpoint, **arguments: object) -> None:
+    """Run the real health check until it says healthy: the deploy ends with a serving endpoint."""
+    timeout = spark.recipe.load_timeout_seconds
+    server.shell(
+        name=f"Wait until the endpoint is healthy (model loads take minutes; giving up after {timeout} s)",
+        commands=[
+            f"systemctl start {HEALTH}.service || true; python3 -c \"import json,sys; "
+            f"sys.exit(json.load(open('{STATE_DIR}/state.json'))['last_result']['state'] != 'healthy')\""
+        ],
+        _retries=timeout // 10, _retry_delay=10, **arguments,
+    )

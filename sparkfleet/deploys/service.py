@@ -1,0 +1,61 @@
+"""Step 4: the systemd unit that runs the vLLM container, with secrets only in a root-only env file."""
+
+from __future__ import annotations
+
+import io
+
+from pyinfra.api import deploy
+from pyinfra.operations import files, systemd
+
+from sparkfleet import secrets
+from sparkfleet.deploys.context import TEMPLATES, activations, changed, restart_triggers, will_change
+from sparkfleet.endpoint import ENV_FILE, ETC, UNIT, Endpoint
+from sparkfleet.operations import image_pulled
+from sparkfleet.unit import UnitView
+
+# pyinfra stages uploads in a temp dir before moving them; a secret must never sit in a world-readable one.
+SECRET_TEMP = "/root/.cache/sparkfleet"
+
+
+def env_file(spark: Endpoint) -> str:
+    """KEY=value lines for docker --env-file and systemd EnvironmentFile (values have no whitespace)."""
+    config = spark.config
+    values = {"VLLM_API_KEY": config.vllm_api_key, "HF_TOKEN": config.hf_token,
+              "SPARKFLEET_HEALTH_WEBHOOK": config.health_webhook_url}
+    lines = [f"{key}={secrets.resolve(ref)}" for key, ref in values.items() if ref]
+    return "# Managed by sparkfleet: do not edit. Secrets for the vLLM endpoint and its health check.\n" + "".join(
+        line + "\n" for line in lines
+    )
+
+
+@deploy("Install the vLLM endpoint service")
+def install_service(spark: Endpoint) -> None:
+    triggers = restart_triggers[spark.host]
+    files.directory(name="Create sparkfleet's configuration directory", path=ETC, mode="755")
+    files.directory(name="Create a private staging directory for secret uploads", path=SECRET_TEMP, mode="700")
+    triggers.append(files.put(
+        name="Write the endpoint's secrets to a root-only env file",
+        src=io.StringIO(env_file(spark)), dest=ENV_FILE, user="root", group="root", mode="600",
+        _temp_dir=SECRET_TEMP,
+    ))
+    triggers.append(image_pulled(name=f"Pull {spark.image} now, never on boot", image=spark.image))
+    unit = files.template(
+        name=f"Render the {UNIT} unit from the {spark.recipe.name} recipe",
+        src=str(TEMPLATES / "vllm" / f"{UNIT}.service.j2"), dest=f"/etc/systemd/system/{UNIT}.service",
+        mode="644", spark=UnitView.of(spark),
+    )
+    triggers.append(unit)
+    # daemon-reload can detach GPUs from running containers (toolkit #48): only when the unit changed.
+    if will_change(unit):
+        systemd.daemon_reload(name="Reload systemd to read the changed unit", _if=unit.did_change)
+    if not spark.config.vllm_start:
+        systemd.service(name=f"Keep {UNIT} installed but stopped (vllm_start is false)",
+                        service=f"{UNIT}.service", running=False, enabled=False)
+        return
+    start = systemd.service(name=f"Enable and start {UNIT}", service=f"{UNIT}.service", running=True, enabled=True)
+    activations[spark.host].append(start)
+    if not will_change(start) and will_change(*triggers):
+        activations[spark.host].append(systemd.service(
+            name=f"Restart {UNIT} because its unit, secrets, image or weights changed",
+            service=f"{UNIT}.service", restarted=True, _if=changed(*triggers),
+        ))

@@ -1,0 +1,65 @@
+"""One Spark's endpoint: a recipe with the host's overrides applied, everything the templates need."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+
+from sparkfleet.config import SparkConfig
+from sparkfleet.recipes import FlagValue, Recipe, load_recipes
+from sparkfleet.vllm_flags import normalize
+
+UNIT = "sparkfleet-vllm"
+CONTAINER = "sparkfleet-vllm"
+ETC = "/etc/sparkfleet"
+ENV_FILE = f"{ETC}/vllm.env"
+MODEL_MOUNT = "/models"
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """What runs on one Spark, resolved from its inventory variables."""
+
+    host: str
+    config: SparkConfig
+    recipe: Recipe
+    args: dict[str, FlagValue]  # effective vLLM flags, names normalised, recipe first
+
+    @property
+    def image(self) -> str:
+        return self.config.vllm_image or self.recipe.image
+
+    @property
+    def served_name(self) -> str:
+        return self.config.vllm_served_model_name or self.recipe.model.id
+
+    @property
+    def model_slug(self) -> str:
+        """Directory name of the weights: the repository id with `/` made safe (org--name)."""
+        return self.recipe.model.id.replace("/", "--")
+
+    @property
+    def weights_dir(self) -> str:
+        return str(PurePosixPath(self.config.model_dir) / self.model_slug)
+
+    @property
+    def container_model_path(self) -> str:
+        return f"{MODEL_MOUNT}/{self.model_slug}"
+
+    @property
+    def model_source(self) -> str:
+        model = self.recipe.model
+        return self.config.model_source or f"hf://{model.id}@{model.revision}"
+
+
+def resolve(host: str, config: SparkConfig) -> Endpoint:
+    """Recipe flags, then the host's `vllm_args` on top (None removes a flag)."""
+    recipe = load_recipes()[config.vllm_recipe]
+    args: dict[str, FlagValue] = {normalize(name): value for name, value in recipe.args.items()}
+    for name, value in config.vllm_args.items():
+        key = normalize(name)
+        if value is None:
+            args.pop(key, None)
+        else:
+            args[key] = value
+    return Endpoint(host=host, config=config, recipe=recipe, args=args)

@@ -1,0 +1,58 @@
+"""Validate the whole inventory before any operation is queued, so bad data changes no host."""
+
+from __future__ import annotations
+
+from pyinfra.api.exceptions import PyinfraError
+
+from sparkfleet import rules, secrets
+from sparkfleet.config import InventoryError, SparkConfig, parse_host
+from sparkfleet.endpoint import Endpoint, resolve
+
+SECRET_FIELDS = ("vllm_api_key", "hf_token", "health_webhook_url")
+
+
+class FleetError(PyinfraError):
+    """Raised from deploy code: pyinfra prints the message without a traceback and changes nothing."""
+
+
+def _secret_problems(host: str, config: SparkConfig) -> list[str]:
+    problems = []
+    for field in SECRET_FIELDS:
+        reference = getattr(config, field)
+        if reference is None:
+            continue
+        try:
+            secrets.resolve(reference)
+        except secrets.SecretError as error:
+            problems.append(f"{host}: `{field}` {error}.")
+    return problems
+
+
+def load_endpoint(host: str, data: dict[str, object]) -> tuple[Endpoint | None, list[str], list[str]]:
+    """(endpoint, errors, warnings) for one host; errors are whole sentences naming host, field and fix."""
+    try:
+        config = parse_host(host, data)
+    except InventoryError as error:
+        return None, str(error).splitlines(), []
+    endpoint = resolve(host, config)
+    findings = rules.check(endpoint)
+    errors = _secret_problems(host, config)
+    errors += [f"{host}: `{f.field}`: {f.message} [{f.rule}]" for f in findings if f.severity == "error"]
+    warnings = [f"{host}: `{f.field}`: {f.message} [{f.rule}]" for f in findings if f.severity == "warning"]
+    return endpoint, errors, warnings
+
+
+def load_fleet(hosts: dict[str, dict[str, object]]) -> tuple[dict[str, Endpoint], list[str]]:
+    """Every host's endpoint and the fleet's warnings; raises FleetError listing every error at once."""
+    endpoints: dict[str, Endpoint] = {}
+    errors: list[str] = []
+    warnings: list[str] = []
+    for name, data in hosts.items():
+        endpoint, host_errors, host_warnings = load_endpoint(name, data)
+        errors += host_errors
+        warnings += host_warnings
+        if endpoint is not None:
+            endpoints[name] = endpoint
+    if errors:
+        raise FleetError("bad inventory, nothing was changed on any host:\n  " + "\n  ".join(errors))
+    return endpoints, warnings

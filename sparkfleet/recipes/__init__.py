@@ -1,0 +1,58 @@
+"""Serving recipes: a pinned image, model and vLLM flags, shipped as YAML data beside this module."""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt
+
+RECIPE_DIR = Path(__file__).parent
+
+FlagValue = str | int | float | bool
+
+
+class ModelShape(BaseModel):
+    """What the memory rules need of a checkpoint, read from its config.json and file sizes."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(description="Hugging Face repository id, as vLLM names the model")
+    revision: str = Field(description="branch, tag or commit of the repository")
+    quantization: Literal["bf16", "fp8", "nvfp4"] = Field(description="how the checkpoint is stored")
+    checkpoint_bytes: PositiveInt
+    full_attention_layers: PositiveInt
+    linear_attention_layers: int = Field(ge=0)
+    kv_heads: PositiveInt
+    head_dim: PositiveInt
+    linear_state_bytes_per_seq: int = Field(ge=0, description="Gated DeltaNet state for one sequence")
+    mtp_layers: int = Field(ge=0)
+    native_context: PositiveInt
+
+
+class Recipe(BaseModel):
+    """A known-good way to serve one model: inventory overrides single flags on top of it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    description: str
+    image: str
+    image_architectures: list[Literal["amd64", "arm64"]]
+    vllm_version: str
+    min_driver: str
+    load_timeout_seconds: PositiveInt = Field(ge=900, description="model loads take 3-15 min on a Spark")
+    model: ModelShape
+    args: dict[str, FlagValue]
+
+
+@cache
+def load_recipes() -> dict[str, Recipe]:
+    """Every shipped recipe by name (the file name without .yaml)."""
+    recipes = {}
+    for path in sorted(RECIPE_DIR.glob("*.yaml")):
+        data = yaml.safe_load(path.read_text())
+        recipes[path.stem] = Recipe(name=path.stem, **data)
+    return recipes

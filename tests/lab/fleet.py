@@ -1,0 +1,260 @@
+"""Start, stop and describe the lab: a network, a services container and the simulated Sparks."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from tests.lab import LAB_DIR, STATE_FILE, images, log, run
+from tests.lab.standins import model, nvidia_repo
+
+NETWORK = "sparkfleet-lab"
+LABEL = "sparkfleet-lab=1"
+PREFIX = "sparkfleet-lab-"
+SERVICES = f"{PREFIX}services"
+SERVICE_ALIASES = ("registry.lab", "nvidia.lab", "mirror.lab")
+WWW = LAB_DIR / "www"
+SSH_KEY = LAB_DIR / "ssh" / "id_ed25519"
+MODEL_NAME = "qwen3.6-35b-a3b-standin"
+MODEL_BYTES = int(os.environ.get("SPARKFLEET_LAB_MODEL_BYTES", str(1 << 30)))
+BOOT_TIMEOUT = 240
+
+
+@dataclass
+class LabHost:
+    name: str
+    arch: str
+    container: str
+    ssh_port: int
+
+
+@dataclass
+class LabState:
+    """What `up` started, as inventory/lab.py and the tests read it."""
+
+    hosts: list[LabHost] = field(default_factory=list)
+    ssh_key: str = str(SSH_KEY)
+    registry_port: int = 0
+    vllm_tags: list[str] = field(default_factory=list)
+    nvidia_repo_url: str = "http://nvidia.lab/libnvidia-container/stable/deb/$(ARCH)"
+    nvidia_key_url: str = "http://nvidia.lab/libnvidia-container/gpgkey"
+    nvidia_key_fingerprint: str = ""
+    model_mirror_url: str = f"http://mirror.lab/models/{MODEL_NAME}"
+    model_local_dir: str = str(WWW / "models" / MODEL_NAME)
+
+    def save(self) -> None:
+        STATE_FILE.parent.mkdir(parents=True, exist_ok=True)
+        STATE_FILE.write_text(json.dumps(asdict(self), indent=2) + "\n")
+
+    @classmethod
+    def load(cls) -> LabState | None:
+        if not STATE_FILE.exists():
+            return None
+        data = json.loads(STATE_FILE.read_text())
+        data["hosts"] = [LabHost(**host) for host in data["hosts"]]
+        return cls(**data)
+
+
+def require_tools(arm64: bool) -> None:
+    """Fail with what to install, rather than with a traceback from deep inside a build."""
+    needed = {"docker": "docker.io", "debootstrap": "debootstrap", "ssh-keygen": "openssh-client",
+              "dpkg-deb": "dpkg", "gpg": "gnupg", "rsync": "rsync"}
+    if arm64:
+        needed["qemu-aarch64-static"] = "qemu-user-static binfmt-support"
+    missing = sorted({pkg for tool, pkg in needed.items() if shutil.which(tool) is None})
+    if missing:
+        raise SystemExit(f"lab: missing system tools; install them with: apt-get install -y {' '.join(missing)}")
+    if subprocess.run(["docker", "info"], capture_output=True).returncode != 0:
+        raise SystemExit("lab: the Docker engine does not answer; start it (e.g. `dockerd >/var/log/dockerd.log 2>&1 &`)")
+    if arm64 and not Path("/proc/sys/fs/binfmt_misc/qemu-aarch64").exists():
+        raise SystemExit(
+            "lab: arm64 emulation is not registered; run `mount -t binfmt_misc binfmt_misc "
+            "/proc/sys/fs/binfmt_misc; update-binfmts --enable qemu-aarch64`"
+        )
+
+
+def _container_state(name: str) -> tuple[str, str] | None:
+    """(status, image) of a container, or None when it does not exist."""
+    result = subprocess.run(
+        ["docker", "inspect", "-f", "{{.State.Status}} {{.Config.Image}}", name], capture_output=True, text=True
+    )
+    if result.returncode != 0:
+        return None
+    status, image = result.stdout.split()
+    return status, image
+
+
+def _ensure_container(name: str, image: str, args: list[str]) -> None:
+    """Start `name` from `image` unless it already runs from that image (`up` is idempotent)."""
+    state = _container_state(name)
+    if state == ("running", image):
+        return
+    if state is not None and state[1] == image:
+        run(["docker", "start", name], quiet=True)
+        return
+    if state is not None:
+        run(["docker", "rm", "-f", "-v", name], quiet=True)
+    log(f"starting {name}")
+    run(["docker", "run", "-d", "--name", name, "--label", LABEL, *args, image], quiet=True)
+
+
+def _published_port(container: str, port: int) -> int:
+    out = run(["docker", "port", container, f"{port}/tcp"], quiet=True).stdout.decode()
+    return int(out.splitlines()[0].rsplit(":", 1)[1])
+
+
+def _prepare_www() -> str:
+    """Lay out the stand-in NVIDIA repository and the model mirror; returns the key's fingerprint."""
+    repo_dir = WWW / "libnvidia-container"
+    if not (repo_dir / "gpgkey").exists():
+        log("building the stand-in NVIDIA apt repository")
+        nvidia_repo.build_repo(repo_dir, LAB_DIR / "gnupg")
+    model_dir = WWW / "models" / MODEL_NAME
+    stamp = model_dir / ".lab-generated"
+    if not stamp.exists() or stamp.read_text() != str(MODEL_BYTES):
+        log(f"generating the model stand-in ({MODEL_BYTES >> 20} MiB)")
+        shutil.rmtree(model_dir, ignore_errors=True)
+        model.generate_checkpoint(model_dir, total_bytes=MODEL_BYTES)
+        model.write_sha256sums(model_dir)
+        stamp.write_text(str(MODEL_BYTES))
+    return nvidia_repo.ensure_signing_key(LAB_DIR / "gnupg")
+
+
+def _api_key() -> None:
+    """The lab's endpoints always require a key, so the authenticated path is what the tests exercise."""
+    path = LAB_DIR / "secrets" / "vllm_api_key"
+    if not path.exists():
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        path.write_text(secrets.token_urlsafe(24) + "\n")
+        path.chmod(0o600)
+
+
+def _ssh_key() -> None:
+    if not SSH_KEY.exists():
+        SSH_KEY.parent.mkdir(parents=True, exist_ok=True)
+        run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "sparkfleet-lab", "-f", str(SSH_KEY)])
+
+
+def _start_services(state: LabState, vllm_base: str) -> None:
+    """Run the registry + HTTP container and push the vLLM stand-in under its production names."""
+    aliases = [arg for alias in SERVICE_ALIASES for arg in ("--network-alias", alias)]
+    _ensure_container(
+        SERVICES, images.build(images.service_spec()),
+        ["--network", NETWORK, *aliases, "-p", "127.0.0.1::5000", "-v", f"{WWW}:/srv/www:ro"],
+    )
+    state.registry_port = _published_port(SERVICES, 5000)
+    for tag in state.vllm_tags:
+        source = images.vllm_variant(vllm_base, images.VLLM_MODES[_suffix(tag)]) if _suffix(tag) else vllm_base
+        remote = f"localhost:{state.registry_port}/vllm/vllm-openai:{tag}"
+        run(["docker", "tag", source, remote], quiet=True)
+        _retry(lambda remote=remote: run(["docker", "push", remote], quiet=True), "registry push")
+
+
+def _suffix(tag: str) -> str:
+    return next((suffix for suffix in images.VLLM_MODES if suffix and tag.endswith(suffix)), "")
+
+
+def _retry(action, what: str, attempts: int = 30, delay: float = 1.0):  # noqa: ANN001, ANN202
+    for attempt in range(attempts):
+        try:
+            return action()
+        except RuntimeError:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(delay)
+    raise AssertionError(what)
+
+
+def _start_host(host: LabHost, image: str) -> None:
+    _ensure_container(
+        host.container, image,
+        [
+            "--hostname", host.name, "--network", NETWORK, "--network-alias", host.name,
+            "--cap-add=ALL", "--cap-drop=SYS_RESOURCE",
+            "--security-opt", "seccomp=unconfined", "--security-opt", "apparmor=unconfined",
+            "--cgroupns=host", "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw", "--tmpfs", "/run", "--tmpfs", "/run/lock",
+            "-v", f"{host.container}-docker:/var/lib/docker",
+            "-v", f"{SSH_KEY}.pub:/root/.ssh/authorized_keys:ro",
+            "-p", "127.0.0.1::22",
+        ],
+    )
+    host.ssh_port = _published_port(host.container, 22)
+
+
+def _wait_ready(host: LabHost) -> None:
+    """Wait until systemd finished booting and the host's own dockerd answers."""
+    deadline = time.monotonic() + BOOT_TIMEOUT
+    while time.monotonic() < deadline:
+        boot = subprocess.run(
+            ["docker", "exec", host.container, "systemctl", "is-system-running"], capture_output=True, text=True
+        ).stdout.strip()
+        docker = subprocess.run(["docker", "exec", host.container, "docker", "info"], capture_output=True)
+        if boot in ("running", "degraded") and docker.returncode == 0:
+            return
+        time.sleep(1)
+    raise SystemExit(f"lab: {host.name} did not boot within {BOOT_TIMEOUT} s (systemd: {boot})")
+
+
+def plan_hosts(amd64: int, arm64: int) -> list[LabHost]:
+    hosts = [LabHost(f"spark-{i:02d}", "amd64", f"{PREFIX}spark-{i:02d}", 0) for i in range(1, amd64 + 1)]
+    hosts += [
+        LabHost(f"spark-arm64-{i:02d}", "arm64", f"{PREFIX}spark-arm64-{i:02d}", 0) for i in range(1, arm64 + 1)
+    ]
+    return hosts
+
+
+def up(amd64: int = 3, arm64: int = 1, vllm_tags: list[str] | None = None) -> LabState:
+    """Bring the lab to the wanted shape; reuses images, containers and generated data that exist."""
+    require_tools(arm64 > 0)
+    _ssh_key()
+    state = LabState(hosts=plan_hosts(amd64, arm64), vllm_tags=vllm_tags or default_vllm_tags())
+    state.nvidia_key_fingerprint = _prepare_www()
+    _api_key()
+    if subprocess.run(["docker", "network", "inspect", NETWORK], capture_output=True).returncode != 0:
+        run(["docker", "network", "create", "--label", LABEL, NETWORK], quiet=True)
+    _start_services(state, images.build(images.vllm_spec()))
+    host_images = {arch: images.build(images.host_spec(arch)) for arch in {h.arch for h in state.hosts}}
+    for host in state.hosts:
+        _start_host(host, host_images[host.arch])
+    _remove_unplanned(state)
+    for host in state.hosts:
+        _wait_ready(host)
+    state.save()
+    return state
+
+
+def _lab_containers() -> list[str]:
+    out = run(["docker", "ps", "-a", "--filter", f"label={LABEL}", "--format", "{{.Names}}"], quiet=True)
+    return out.stdout.decode().split()
+
+
+def _remove_unplanned(state: LabState) -> None:
+    """A lab resized to fewer hosts drops the extra ones, so the inventory matches what runs."""
+    planned = {host.container for host in state.hosts} | {SERVICES}
+    for name in _lab_containers():
+        if name not in planned:
+            run(["docker", "rm", "-f", "-v", name], quiet=True)
+            run(["docker", "volume", "rm", "-f", f"{name}-docker"], quiet=True, check=False)
+
+
+def down() -> None:
+    """Remove every container, volume and network the lab started, and nothing else."""
+    for name in _lab_containers():
+        run(["docker", "rm", "-f", "-v", name], quiet=True)
+        run(["docker", "volume", "rm", "-f", f"{name}-docker"], quiet=True, check=False)
+    run(["docker", "network", "rm", NETWORK], quiet=True, check=False)
+    STATE_FILE.unlink(missing_ok=True)
+
+
+def default_vllm_tags() -> list[str]:
+    """Every image tag the shipped recipes name, plus the failure-mode variants of each."""
+    from sparkfleet.recipes import load_recipes
+
+    tags = sorted({recipe.image.split(":", 1)[1] for recipe in load_recipes().values()})
+    return [tag + suffix for tag in tags for suffix in images.VLLM_MODES]

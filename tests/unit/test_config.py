@@ -1,0 +1,67 @@
+"""Inventory validation: every bad value gets one sentence naming host, variable and fix."""
+
+from __future__ import annotations
+
+import pytest
+
+from sparkfleet.fleet import FleetError, load_fleet
+
+GOOD = {"model_source": "http://mirror.lan/models/qwen", "ssh_user": "admin", "_sudo": True}
+
+
+def _errors(**data: object) -> str:
+    with pytest.raises(FleetError) as error:
+        load_fleet({"spark-07": GOOD | data})
+    return str(error.value)
+
+
+def test_good_inventory_loads_with_recipe_flags() -> None:
+    endpoints, warnings = load_fleet({"spark-07": GOOD})
+    spark = endpoints["spark-07"]
+    assert spark.args["tool-call-parser"] == "qwen3_xml"
+    assert spark.weights_dir == "/var/lib/sparkfleet/models/nvidia--Qwen3.6-35B-A3B-NVFP4"
+    assert warnings == []
+
+
+def test_overrides_normalise_names_and_null_removes() -> None:
+    endpoints, _ = load_fleet({"s": GOOD | {"vllm_args": {"max_num_seqs": 2, "--enable-prefix-caching": None}}})
+    assert endpoints["s"].args["max-num-seqs"] == 2
+    assert "enable-prefix-caching" not in endpoints["s"].args
+
+
+@pytest.mark.parametrize(("data", "expected"), [
+    ({"vllm_recipie": "x"}, "spark-07: `vllm_recipie` is not a sparkfleet variable. Did you mean `vllm_recipe`?"),
+    ({"vllm_recipe": "qwen3.6-35b-a3b-nvfp5"}, "Did you mean `qwen3.6-35b-a3b-nvfp4`?"),
+    ({"model_dir": "models"}, "spark-07: `model_dir` = 'models': 'models' is relative"),
+    ({"vllm_port": 70000}, "`vllm_port` = 70000"),
+    ({"vllm_api_key": "sk-abc"}, "secrets are never written into inventory"),
+    ({"vllm_args": {"tool-call-parser": "qwen"}}, "for Qwen3.6 use qwen3_xml or qwen3_coder"),
+    ({"vllm_args": {"disable-log-requests": True}}, "request logging is off by default"),
+    ({"vllm_args": {"quantization": "a3b_fp8"}}, "'a3b_fp8' is not a valid --quantization"),
+    ({"vllm_args": {"tensor-parallel-size": 2}}, "a DGX Spark has 1 GPU"),
+    ({"vllm_args": {"gpu-memory-utilization": 1.2}}, "outside (0, 1]"),
+    ({"vllm_args": {"max-model-len": "lots"}}, "'lots' is not a number"),
+    ({"vllm_args": {"port": 9000}}, "use vllm_port"),
+    ({"model_source": "s3://bucket/x"}, "is not a model source"),
+])
+def test_bad_value_names_host_field_and_fix(data: dict, expected: str) -> None:
+    message = _errors(**data)
+    assert message.startswith("bad inventory, nothing was changed on any host:")
+    assert expected in message
+
+
+def test_every_bad_host_is_reported_at_once() -> None:
+    with pytest.raises(FleetError) as error:
+        load_fleet({"a": GOOD | {"vllm_port": 0}, "b": GOOD, "c": GOOD | {"model_dir": "x"}})
+    assert "a: `vllm_port`" in str(error.value) and "c: `model_dir`" in str(error.value)
+    assert "b:" not in str(error.value)
+
+
+def test_secret_from_missing_env_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SPARKFLEET_TEST_KEY", raising=False)
+    assert "SPARKFLEET_TEST_KEY, which is not set" in _errors(vllm_api_key="env:SPARKFLEET_TEST_KEY")
+
+
+def test_secret_with_whitespace_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPARKFLEET_TEST_KEY", " key")
+    assert "whitespace" in _errors(vllm_api_key="env:SPARKFLEET_TEST_KEY")

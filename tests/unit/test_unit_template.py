@@ -1,0 +1,53 @@
+"""The rendered vLLM unit: systemd's word splitting gives back exactly the recipe's argv."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import jinja2
+
+from sparkfleet.config import SparkConfig
+from sparkfleet.endpoint import resolve
+from sparkfleet.unit import UnitView, systemd_quote
+from sparkfleet.vllm_flags import flag_set, to_argv
+
+TEMPLATE = Path(__file__).resolve().parents[2] / "templates" / "vllm" / "sparkfleet-vllm.service.j2"
+
+
+def _render(**data: object) -> str:
+    spark = resolve("spark-01", SparkConfig(**data))
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+    return env.from_string(TEMPLATE.read_text()).render(spark=UnitView.of(spark))
+
+
+def _exec_start(unit: str) -> list[str]:
+    """ExecStart split as systemd does for these quoting forms (then %% and $$ unescaped)."""
+    text = unit.split("ExecStart=", 1)[1].split("\n\n", 1)[0].replace("\\\n", " ")
+    return [word.replace("%%", "%").replace("$$", "$") for word in shlex.split(text)]
+
+
+def test_exec_start_carries_recipe_flags_verbatim() -> None:
+    spark = resolve("spark-01", SparkConfig())
+    argv = _exec_start(_render())
+    expected = to_argv(spark.args, flag_set())
+    image = argv.index(spark.image)
+    assert argv[image + 1] == spark.container_model_path
+    assert argv[-len(expected):] == expected
+    assert '{"method":"mtp","num_speculative_tokens":3,"moe_backend":"triton"}' in argv
+
+
+def test_secrets_never_in_unit() -> None:
+    unit = _render(vllm_api_key="env:ANY")
+    assert "--api-key" not in unit and "--env-file /etc/sparkfleet/vllm.env" in unit
+
+
+def test_systemd_quote_escapes_specifiers_and_variables() -> None:
+    assert systemd_quote("plain-word") == "plain-word"
+    assert systemd_quote("50%") == '"50%%"'
+    assert systemd_quote('{"a": "$HOME"}') == '"{\\"a\\": \\"$$HOME\\"}"'
+
+
+def test_null_override_removes_flag_from_unit() -> None:
+    unit = _render(vllm_args={"enable-prefix-caching": None, "max-num-seqs": 2})
+    assert "--enable-prefix-caching" not in unit and "--max-num-seqs 2" in unit
