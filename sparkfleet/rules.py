@@ -191,8 +191,17 @@ def memory_budget_for(memory_bytes: int) -> Rule:
 memory_budget = memory_budget_for(SPARK_MEMORY_BYTES)
 
 
+def model_source(endpoint: Endpoint, flags: FlagSet) -> Iterator[Finding]:
+    """Staging from the Hub is not implemented yet: say so before anything runs."""
+    if endpoint.model_source.startswith("hf://"):
+        yield Finding("source.hf", "error", "model_source",
+                      f"{endpoint.model_source}: staging from the Hugging Face Hub is not supported yet; set "
+                      "model_source to an http(s) mirror with SHA256SUMS or a directory on the controller")
+
+
 RULES: tuple[Rule, ...] = (
     flag_names, flag_values, flag_combinations, parallelism, memory_utilization, image_pinning, fp8_kernels,
+    model_source,
     memory_budget,
 )
 

@@ -151,7 +151,10 @@ def read_sums(sums_url: str | None, sums_file: str | None) -> bytes:
     """The exact SHA256SUMS bytes: their digest must match what the controller computed."""
     if sums_url:
         with open_url(sums_url) as response:
-            text = response.read(MAX_SUMS_BYTES + 1)
+            try:
+                text = response.read(MAX_SUMS_BYTES + 1)
+            except (OSError, http.client.HTTPException) as exc:
+                raise StageError(EXIT_FETCH, f"cannot fetch {sums_url}: {exc}") from None
     else:
         try:
             text = Path(str(sums_file)).read_bytes()
@@ -287,8 +290,11 @@ def check_state(dest: Path, wanted: Wanted | None, digest: str, full: bool) -> d
 
 def cmd_check(args: argparse.Namespace) -> int:
     """Print DEST's state as one JSON object; staleness is an answer, not an error."""
-    wanted = None if args.digest else load_wanted(args)
-    digest = args.digest or (wanted.digest if wanted else "")
+    if args.digest:
+        wanted, digest = None, args.digest
+    else:
+        wanted = load_wanted(args)
+        digest = wanted.digest
     print(json.dumps(check_state(Path(args.dest), wanted, digest, args.full)))
     return EXIT_OK
 
@@ -448,7 +454,7 @@ def fetch_one(url: str, rel: str, path: Path, length: int | None) -> tuple[str |
     path.parent.mkdir(parents=True, exist_ok=True)
     offset = partial_size(path, length)
     if offset and offset == length:
-        progress("found complete", rel, 0, 0.0, f" (already in {STAGING_NAME})")
+        print(f"found {rel} complete in {STAGING_NAME}", file=sys.stderr, flush=True)
         return None, 0
     started = time.monotonic()
     sha, count, resumed = receive(url, path, offset)
@@ -457,14 +463,29 @@ def fetch_one(url: str, rel: str, path: Path, length: int | None) -> tuple[str |
     return sha, count
 
 
-def fetch_all(wanted: Wanted, lengths: dict[str, int | None], staging: Path) -> int:
+def fetch_verified(url: str, rel: str, path: Path, length: int | None, wanted: str) -> int:
+    """Fetch and verify one file; returns the bytes transferred.
+
+    A resumed copy that does not verify may be the partial of an older revision (same name, other content):
+    it is fetched once more from zero before the mismatch counts, so a changed source never needs two runs.
+    """
+    sha, count = fetch_one(url, rel, path, length)
+    if sha is None:
+        sha = sha256_file(path, sync=True)
+        if sha != wanted:
+            print(f"discarded {rel} in {STAGING_NAME}: resumed copy does not verify", file=sys.stderr)
+            path.unlink()
+            sha, more = fetch_one(url, rel, path, length)
+            count += more
+    verify(rel, path, wanted, sha)
+    return count
+
+
+def fetch_all(sums_url: str, wanted: Wanted, lengths: dict[str, int | None], staging: Path) -> int:
     """Download and verify every needed file; returns the bytes transferred."""
-    assert wanted.sums_url is not None
     fetched = 0
     for rel, length in lengths.items():
-        sha, count = fetch_one(file_url(wanted.sums_url, rel), rel, staging / rel, length)
-        verify(rel, staging / rel, wanted.files[rel], sha)
-        fetched += count
+        fetched += fetch_verified(file_url(sums_url, rel), rel, staging / rel, length, wanted.files[rel])
     return fetched
 
 
@@ -522,14 +543,14 @@ def cmd_stage(args: argparse.Namespace) -> int:
         finish(dest, wanted, manifest)
         print(f"weights already in place: {len(in_place)} files")
         return EXIT_OK
-    downloading = args.staged is None and wanted.sums_url is not None
-    staging = dest / STAGING_NAME if args.staged is None else Path(args.staged)
-    lengths = {rel: head_length(file_url(str(wanted.sums_url), rel)) for rel in needed} if downloading else {}
+    sums_url = None if args.staged else wanted.sums_url
+    staging = Path(args.staged) if args.staged else dest / STAGING_NAME
+    lengths = {rel: head_length(file_url(sums_url, rel)) for rel in needed} if sums_url else {}
     ensure_space(dest, bytes_to_fetch(staging, lengths), args.min_free_bytes)
-    fetched = 0
-    if downloading:
-        fetched = fetch_all(wanted, lengths, staging)
+    if sums_url:
+        fetched = fetch_all(sums_url, wanted, lengths, staging)
     else:
+        fetched = 0
         take_staged(dest, wanted, needed, staging)
     install(dest, staging, needed)
     finish(dest, wanted, manifest)

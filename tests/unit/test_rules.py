@@ -11,10 +11,12 @@ from sparkfleet.vllm_flags import flag_set
 
 NVFP4 = "qwen3.6-35b-a3b-nvfp4"
 FP8 = "qwen3.6-35b-a3b-fp8"
+MIRROR = "http://mirror.lan/models/qwen"
 
 
 def endpoint(recipe: str = NVFP4, image: str | None = None, **args: object) -> Endpoint:
-    return resolve("spark-01", SparkConfig(vllm_recipe=recipe, vllm_image=image, vllm_args=args))
+    config = SparkConfig(vllm_recipe=recipe, vllm_image=image, vllm_args=args, model_source=MIRROR)
+    return resolve("spark-01", config)
 
 
 def found(rule: str, recipe: str = NVFP4, image: str | None = None, **args: object) -> list[Finding]:
@@ -176,3 +178,9 @@ def test_memory_rule_for_a_host_uses_its_memory() -> None:
     assert list(roomy(endpoint(), flags)) == []
     over = memory_budget_for(int(total / 0.7) - 10**6)
     assert [f.rule for f in over(endpoint(), flags)] == ["capacity.memory"]
+
+
+def test_hub_source_is_refused_until_implemented() -> None:
+    spark = resolve("spark-01", SparkConfig())
+    (finding,) = [f for f in check(spark) if f.rule == "source.hf"]
+    assert finding.field == "model_source" and "http(s) mirror with SHA256SUMS" in finding.message

@@ -7,6 +7,7 @@ subdirectory, plus SHA256SUMS); its request log shows what was (not) fetched.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import random
@@ -17,6 +18,7 @@ import sys
 import threading
 import urllib.parse
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -156,26 +158,51 @@ def payload(seed: int, size: int) -> bytes:
     return random.Random(seed).randbytes(size)
 
 
-@pytest.fixture
-def mirror(tmp_path: Path) -> Iterator[Mirror]:
-    state = MirrorState(root=tmp_path / "mirror", prefix="/models/qwen/")
+@contextmanager
+def serving(root: Path) -> Iterator[Mirror]:
+    """A mirror of one model on a free localhost port, for as long as the block runs."""
+    state = MirrorState(root=root, prefix="/models/qwen/")
     server = MirrorServer(("127.0.0.1", 0), RangeHandler)
     server.state = state
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    # A short poll interval: shutdown() waits for it, at every test's teardown.
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
     thread.start()
     mirror = Mirror(state, f"http://127.0.0.1:{server.server_address[1]}{state.prefix.rstrip('/')}", {})
     # SHARD1 spans more than one 4 MiB read, so chunked streaming and resume cross chunk borders.
-    sizes = {"config.json": 700, SHARD1: (5 << 20) + 123, SHARD2: 300_000, TOKENIZER: 40_000}
+    sizes = {"config.json": 700, SHARD1: (4 << 20) + 123, SHARD2: 300_000, TOKENIZER: 40_000}
     for seed, (rel, size) in enumerate(sizes.items()):
         mirror.publish(rel, payload(seed, size))
-    yield mirror
-    server.shutdown()
-    server.server_close()
+    try:
+        yield mirror
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def mirror(tmp_path: Path) -> Iterator[Mirror]:
+    with serving(tmp_path / "mirror") as mirror:
+        yield mirror
 
 
 @pytest.fixture
 def dest(tmp_path: Path) -> Path:
     return tmp_path / "models" / "nvidia--Qwen3.6-35B-A3B-NVFP4"
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A DEST as a successful stage leaves it, staged once per module (the mirror content is seeded)."""
+    root = tmp_path_factory.mktemp("template")
+    with serving(root / "mirror") as mirror:
+        staged_ok(root / "dest", mirror)
+    return root / "dest"
+
+
+@pytest.fixture
+def installed(template: Path, dest: Path) -> None:
+    """DEST holds the weights of an earlier successful stage (copy2 keeps the mtimes the manifest records)."""
+    shutil.copytree(template, dest)
 
 
 def run(*args: str | Path) -> subprocess.CompletedProcess[str]:
@@ -254,16 +281,15 @@ def test_fresh_stage_installs_every_file_and_a_manifest(dest: Path, mirror: Mirr
         }
         assert data["files"][rel] == expected
     assert sorted(mirror.gets()) == sorted(mirror.files)
-    assert result.stdout == f"staged 4 files (0.01 GiB fetched, 0 files already in place) into {dest}\n"
+    assert result.stdout == f"staged 4 files (0.00 GiB fetched, 0 files already in place) into {dest}\n"
     fetched_lines = [line for line in result.stderr.splitlines() if line.startswith("fetched ")]
     assert len(fetched_lines) == 4
-    assert re.fullmatch(rf"fetched {SHARD1} 5\.0 MiB in \d+\.\d s \(\d+ MiB/s\)", fetched_lines[1])
+    assert re.fullmatch(rf"fetched {SHARD1} 4\.0 MiB in \d+\.\d s \(\d+ MiB/s\)", fetched_lines[1])
 
 
+@pytest.mark.usefixtures("installed")
 def test_rerun_fetches_nothing_and_check_says_ok(dest: Path, mirror: Mirror) -> None:
-    staged_ok(dest, mirror)
     before = snapshot(dest)
-    mirror.state.log.clear()
 
     result = staged_ok(dest, mirror)
 
@@ -276,8 +302,8 @@ def test_rerun_fetches_nothing_and_check_says_ok(dest: Path, mirror: Mirror) -> 
 
 
 @pytest.mark.parametrize("command", ["check", "stage"])
+@pytest.mark.usefixtures("installed")
 def test_fast_mode_opens_only_the_manifest(dest: Path, mirror: Mirror, command: str) -> None:
-    staged_ok(dest, mirror)
     argv = [command, "--dest", str(dest), "--sums-url", mirror.sums_url]
 
     result = subprocess.run(
@@ -294,8 +320,8 @@ def test_fast_mode_opens_only_the_manifest(dest: Path, mirror: Mirror, command: 
     assert opened == [MANIFEST]
 
 
+@pytest.mark.usefixtures("installed")
 def test_fast_check_trusts_stat_and_full_check_hashes(dest: Path, mirror: Mirror) -> None:
-    staged_ok(dest, mirror)
     corrupt_same_size(dest / SHARD2)
 
     assert check_url(dest, mirror)["state"] == "ok"
@@ -310,11 +336,10 @@ def test_fast_check_trusts_stat_and_full_check_hashes(dest: Path, mirror: Mirror
 # --- repairs ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.usefixtures("installed")
 def test_truncated_file_is_stale_and_only_it_is_refetched(dest: Path, mirror: Mirror) -> None:
-    staged_ok(dest, mirror)
     with (dest / SHARD2).open("r+b") as handle:
         handle.truncate(100)
-    mirror.state.log.clear()
 
     state = check_url(dest, mirror)
     assert state["state"] == "stale"
@@ -326,13 +351,11 @@ def test_truncated_file_is_stale_and_only_it_is_refetched(dest: Path, mirror: Mi
     assert {hit.rel for hit in mirror.file_hits()} == {SHARD2}
     assert result.stdout == f"staged 1 files (0.00 GiB fetched, 3 files already in place) into {dest}\n"
     assert_in_place(dest, mirror)
-    assert check_url(dest, mirror, "--full")["state"] == "ok"
 
 
+@pytest.mark.usefixtures("installed")
 def test_deleted_file_is_missing_and_only_it_is_refetched(dest: Path, mirror: Mirror) -> None:
-    staged_ok(dest, mirror)
     (dest / TOKENIZER).unlink()
-    mirror.state.log.clear()
 
     state = check_url(dest, mirror)
     assert state == {"state": "stale", "reasons": [f"{TOKENIZER}: missing"], "missing": [TOKENIZER]}
@@ -342,10 +365,9 @@ def test_deleted_file_is_missing_and_only_it_is_refetched(dest: Path, mirror: Mi
     assert_in_place(dest, mirror)
 
 
+@pytest.mark.usefixtures("installed")
 def test_same_size_corruption_needs_full_to_be_repaired(dest: Path, mirror: Mirror) -> None:
-    staged_ok(dest, mirror)
     corrupt_same_size(dest / SHARD1)
-    mirror.state.log.clear()
 
     plain = staged_ok(dest, mirror)
     assert plain.stdout == "weights already in place: 4 files\n"
@@ -355,27 +377,23 @@ def test_same_size_corruption_needs_full_to_be_repaired(dest: Path, mirror: Mirr
     staged_ok(dest, mirror, "--full")
     assert mirror.gets() == [SHARD1]
     assert_in_place(dest, mirror)
-    assert check_url(dest, mirror, "--full")["state"] == "ok"
 
 
+@pytest.mark.usefixtures("installed")
 def test_touched_file_is_rehashed_not_refetched(dest: Path, mirror: Mirror) -> None:
-    staged_ok(dest, mirror)
     os.utime(dest / SHARD2, ns=(1, 1_000_000_000))
-    mirror.state.log.clear()
 
     assert check_url(dest, mirror)["state"] == "stale"
     assert staged_ok(dest, mirror).stdout == "weights already in place: 4 files\n"
     assert mirror.gets() == []
     assert manifest(dest)["files"][SHARD2]["mtime_ns"] == 1_000_000_000
-    assert check_url(dest, mirror)["state"] == "ok"
 
 
+@pytest.mark.usefixtures("installed")
 def test_changed_source_refetches_only_the_changed_file(dest: Path, mirror: Mirror) -> None:
-    staged_ok(dest, mirror)
     kept = {rel: (dest / rel).stat().st_mtime_ns for rel in mirror.files if rel != SHARD2}
     old_digest = manifest(dest)["source_digest"]
     mirror.publish(SHARD2, payload(99, 300_000))
-    mirror.state.log.clear()
 
     state = check_url(dest, mirror)
     assert state["state"] == "stale"
@@ -388,8 +406,8 @@ def test_changed_source_refetches_only_the_changed_file(dest: Path, mirror: Mirr
     assert check_url(dest, mirror)["state"] == "ok"
 
 
+@pytest.mark.usefixtures("installed")
 def test_unknown_files_are_kept_and_staging_leftovers_removed(dest: Path, mirror: Mirror) -> None:
-    staged_ok(dest, mirror)
     (dest / "NOTES.md").write_text("operator notes")
     (dest / ".staging" / "old").mkdir(parents=True)
     (dest / ".staging" / "old" / "leftover.bin").write_bytes(b"x" * 10)
@@ -443,6 +461,19 @@ def test_server_ignoring_range_restarts_from_zero(dest: Path, mirror: Mirror) ->
     assert_in_place(dest, mirror)
 
 
+def test_partial_of_an_older_revision_is_refetched_from_zero(dest: Path, mirror: Mirror) -> None:
+    partial = dest / ".staging" / SHARD2
+    partial.parent.mkdir(parents=True)
+    partial.write_bytes(payload(77, 1000))  # same name, other content: a revision the source no longer lists
+
+    result = staged_ok(dest, mirror)
+
+    shard_gets = [hit.range for hit in mirror.state.log if hit.method == "GET" and hit.rel == SHARD2]
+    assert shard_gets == ["bytes=1000-", None]
+    assert f"discarded {SHARD2} in .staging: resumed copy does not verify" in result.stderr
+    assert_in_place(dest, mirror)
+
+
 def test_dropped_connection_keeps_the_partial_file_for_the_next_run(dest: Path, mirror: Mirror) -> None:
     mirror.state.cut_after[SHARD1] = 1 << 20
 
@@ -483,8 +514,8 @@ def test_wrong_bytes_exit_4_and_nothing_moves_into_place(dest: Path, mirror: Mir
     assert_in_place(dest, mirror)
 
 
+@pytest.mark.usefixtures("installed")
 def test_wrong_bytes_leave_the_old_file_in_place(dest: Path, mirror: Mirror) -> None:
-    staged_ok(dest, mirror)
     before = snapshot(dest)
     mirror.publish(SHARD2, payload(42, 1000))
     mirror.serve_only(SHARD2, payload(43, 1000))
@@ -506,33 +537,68 @@ def test_not_enough_space_exits_3_before_any_change(dest: Path, mirror: Mirror) 
     assert mirror.gets() == []
 
 
+@pytest.mark.usefixtures("installed")
 def test_not_enough_space_leaves_existing_weights_untouched(dest: Path, mirror: Mirror) -> None:
-    staged_ok(dest, mirror)
     (dest / SHARD1).unlink()
     partial = dest / ".staging" / SHARD1
     partial.parent.mkdir()
     partial.write_bytes(mirror.files[SHARD1][:1000])
     before = snapshot(dest)
-    mirror.state.log.clear()
 
     assert stage(dest, mirror, "--min-free-bytes", HUGE).returncode == 3
     assert snapshot(dest) == before
     assert mirror.gets() == []
 
 
+def load_script() -> Any:
+    """The script as a module, for its pure parser; everything else is exercised as a subprocess."""
+    spec = importlib.util.spec_from_file_location("stage_weights", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["stage_weights"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.mark.parametrize(
-    "name", ["../escaped.bin", "/tmp/escaped.bin", "sub/../../escaped.bin", ".staging/x", MANIFEST, "a//b"]
+    "name",
+    [
+        "../escaped.bin",
+        "/tmp/escaped.bin",
+        "sub/../../escaped.bin",
+        "a//b",
+        "./a",
+        "a\\..\\b",
+        ".staging/x",
+        MANIFEST,
+    ],
 )
-def test_unsafe_paths_in_sha256sums_are_rejected(tmp_path: Path, dest: Path, name: str) -> None:
+def test_parser_refuses_paths_outside_dest_or_over_sparkfleet_state(name: str) -> None:
+    script = load_script()
+    text = f"{'ab' * 32}  config.json\n{'cd' * 32}  {name}\n".encode()
+
+    with pytest.raises(script.StageError, match="invalid SHA256SUMS line 2: unsafe path") as raised:
+        script.parse_sums(text)
+    assert raised.value.code == 2
+
+
+def test_parser_reads_sha256sum_output() -> None:
+    script = load_script()
+    text = f"{'AB' * 32}  config.json\n\n{'cd' * 32} *sub dir/w.bin\n{'ef' * 32}  SHA256SUMS\n".encode()
+
+    assert script.parse_sums(text) == {"config.json": "ab" * 32, "sub dir/w.bin": "cd" * 32}
+
+
+def test_traversal_in_sha256sums_changes_nothing(tmp_path: Path, dest: Path) -> None:
     sums = tmp_path / "SHA256SUMS"
-    sums.write_text(f"{'ab' * 32}  config.json\n{'cd' * 32}  {name}\n")
+    sums.write_text(f"{'ab' * 32}  config.json\n{'cd' * 32}  ../escaped.bin\n")
 
     for command in ("stage", "check"):
         result = run(command, "--dest", dest, "--sums-file", sums)
         assert result.returncode == 2
-        assert "invalid SHA256SUMS line 2: unsafe path" in result.stderr
+        assert result.stderr.strip() == "invalid SHA256SUMS line 2: unsafe path '../escaped.bin'"
     assert not dest.exists()
-    assert not (tmp_path / "escaped.bin").exists()
+    assert not (dest.parent / "escaped.bin").exists()
 
 
 def test_unreachable_mirror_exits_5(dest: Path, mirror: Mirror) -> None:
@@ -564,26 +630,24 @@ def test_check_absent_without_dest_or_manifest(dest: Path, mirror: Mirror) -> No
     assert check_url(dest, mirror) == {"state": "absent"}
 
 
+@pytest.mark.usefixtures("installed")
 def test_check_by_digest(dest: Path, mirror: Mirror) -> None:
-    staged_ok(dest, mirror)
     digest = hashlib.sha256(mirror.sums_text()).hexdigest()
 
     assert check(dest, "--digest", digest)["state"] == "ok"
     stale = check(dest, "--digest", "0" * 64)
     assert stale["state"] == "stale"
     assert stale["reasons"] == [f"source digest {'0' * 64} != recorded {digest}"]
-    assert run("check", "--dest", dest, "--digest", "xyz").returncode == 2
 
 
+@pytest.mark.usefixtures("installed")
 def test_corrupt_manifest_is_stale_and_stage_rebuilds_it_without_fetching(dest: Path, mirror: Mirror) -> None:
-    staged_ok(dest, mirror)
     (dest / MANIFEST).write_text("{not json")
-    mirror.state.log.clear()
 
     assert check_url(dest, mirror)["state"] == "stale"
     staged_ok(dest, mirror)
     assert mirror.gets() == []
-    assert check_url(dest, mirror)["state"] == "ok"
+    assert_in_place(dest, mirror)
 
 
 # --- controller-staged files ------------------------------------------------------------------------------
@@ -601,14 +665,11 @@ def controller_upload(tmp_path: Path, dest: Path, mirror: Mirror) -> Path:
     return sums
 
 
-@pytest.mark.parametrize("explicit", [True, False])
-def test_sums_file_with_staged_files(tmp_path: Path, dest: Path, mirror: Mirror, explicit: bool) -> None:
+def test_sums_file_with_staged_files(tmp_path: Path, dest: Path, mirror: Mirror) -> None:
     sums = controller_upload(tmp_path, dest, mirror)
     mtimes = {rel: (mirror.state.root / rel).stat().st_mtime_ns for rel in mirror.files}
-    extra = ["--staged", str(dest / ".staging")] if explicit else []
-    mirror.state.log.clear()
 
-    result = run("stage", "--dest", dest, "--sums-file", sums, *extra)
+    result = run("stage", "--dest", dest, "--sums-file", sums, "--staged", dest / ".staging")
 
     assert result.returncode == 0, result.stderr
     assert result.stdout == f"staged 4 files (0.00 GiB fetched, 0 files already in place) into {dest}\n"
@@ -623,7 +684,7 @@ def test_staged_file_with_wrong_content_is_deleted(tmp_path: Path, dest: Path, m
     sums = controller_upload(tmp_path, dest, mirror)
     (dest / ".staging" / SHARD2).write_bytes(b"not the shard")
 
-    result = run("stage", "--dest", dest, "--sums-file", sums)
+    result = run("stage", "--dest", dest, "--sums-file", sums)  # --staged defaults to DEST/.staging
 
     assert result.returncode == 4
     assert f"checksum mismatch for {SHARD2}" in result.stderr
