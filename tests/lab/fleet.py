@@ -71,7 +71,7 @@ def require_tools(arm64: bool) -> None:
     if missing:
         raise SystemExit(f"lab: missing system tools; install them with: apt-get install -y {' '.join(missing)}")
     if subprocess.run(["docker", "info"], capture_output=True).returncode != 0:
-        raise SystemExit("lab: the Docker engine does not answer; start it (e.g. `dockerd >/var/log/dockerd.log 2>&1 &`)")
+        raise SystemExit("lab: the Docker engine does not answer; start it: dockerd >/var/log/dockerd.log 2>&1 &")
     if arm64 and not Path("/proc/sys/fs/binfmt_misc/qemu-aarch64").exists():
         raise SystemExit(
             "lab: arm64 emulation is not registered; run `mount -t binfmt_misc binfmt_misc "

@@ -41,7 +41,7 @@ def _inventory(path: str) -> dict[str, dict]:
     pyinfra = Path(sys.executable).with_name("pyinfra")
     out = subprocess.run([str(pyinfra), path, "debug-inventory", "--json"], cwd=REPO, check=True,
                          capture_output=True, text=True).stdout
-    return {name: host["data"] for name, host in json.loads(out).items()}
+    return {host["name"]: host["data"] for host in json.loads(out)}
 
 
 def _ssh_config(hosts: dict[str, dict], path: Path) -> None:
