@@ -6,6 +6,7 @@
 from pyinfra import host
 
 from sparkfleet.deploys import (
+    check_host,
     endpoint_for,
     install_healthcheck,
     install_service,
@@ -16,6 +17,7 @@ from sparkfleet.deploys import (
 
 spark = endpoint_for(host)  # validates the whole inventory before any operation is queued
 
+check_host(spark)            # 0. read-only preflight: an unfit host fails here, before any change
 install_toolkit(spark)       # 1. NVIDIA Container Toolkit, pinned, from NVIDIA's signed apt repository
 register_runtime(spark)      # 2. nvidia runtime in daemon.json; dockerd restarts only if that changed
 stage_weights(spark)         # 3. weights on local NVMe: verified, resumable, never fetched twice

@@ -3,16 +3,92 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 from sparkfleet.docs import variables_table
+
+
+def _doctor_parser(commands: argparse._SubParsersAction) -> None:
+    doctor = commands.add_parser(
+        "doctor", help="check recipes against the model and hosts against the recipe, changing nothing",
+        description="Run the recipe rules and the host preflight for every targeted host; exit 1 on any error.",
+    )
+    doctor.add_argument("inventory", help="pyinfra inventory file, e.g. inventory/sparks.py")
+    doctor.add_argument("--limit", action="append", default=[],
+                        help="group, host name or glob (repeatable, or comma-separated), as with pyinfra")
+    doctor.add_argument("--data", action="append", default=[], metavar="KEY=VALUE",
+                        help="override inventory data as pyinfra does (values parse as JSON when they can)")
+    doctor.add_argument("--json", action="store_true", help="print a machine-readable list instead of tables")
+    doctor.add_argument("--explain", action="store_true", help="also print each memory budget term by term")
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from sparkfleet import doctor
+
+    reports = doctor.diagnose(args.inventory, args.limit, args.data)
+    if args.json:
+        sys.stdout.write(json.dumps([report.as_dict(args.explain) for report in reports], indent=2) + "\n")
+    else:
+        doctor.render(reports, Console(), args.explain)
+    return doctor.exit_code(reports)
+
+
+def _read_only_parsers(commands: argparse._SubParsersAction) -> None:
+    """`status` and `drift` read the fleet over SSH and change nothing; both take doctor's targeting."""
+    for name, text, description in (
+        ("status", "one table of every endpoint: state, uptime, restarts, model, load, KV cache, MTP, alerts",
+         "Run the status reporter on every targeted host; exit 1 unless every host answered."),
+        ("drift", "what a deploy would change and what it cannot see, read-only; quiet enough for cron",
+         "pyinfra's dry run of deploy.py plus each host's facts; exit 0 converged, 2 drifted, 1 on error."),
+    ):
+        command = commands.add_parser(name, help=text, description=description)
+        command.add_argument("inventory", help="pyinfra inventory file, e.g. inventory/sparks.py")
+        command.add_argument("--limit", action="append", default=[],
+                             help="group, host name or glob (repeatable, or comma-separated), as with pyinfra")
+        command.add_argument("--data", action="append", default=[], metavar="KEY=VALUE",
+                             help="override inventory data as pyinfra does (values parse as JSON when they can)")
+        command.add_argument("--json", action="store_true", help="print machine-readable JSON instead")
+
+
+def _status(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from sparkfleet import status
+
+    answers = status.collect(args.inventory, args.limit, args.data)
+    if args.json:
+        sys.stdout.write(json.dumps([answer.as_dict() for answer in answers], indent=2) + "\n")
+    else:
+        status.render(answers, Console())
+    return status.exit_code(answers)
+
+
+def _drift(args: argparse.Namespace) -> int:
+    from sparkfleet import drift
+
+    report = drift.check(args.inventory, args.limit, args.data)
+    if args.json:
+        sys.stdout.write(json.dumps(report.as_dict(), indent=2) + "\n")
+    else:
+        drift.render(report, sys.stdout, sys.stderr)
+    return report.exit_code
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="sparkfleet", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("vars", help="print README's table of inventory variables")
+    _doctor_parser(commands)
+    _read_only_parsers(commands)
     args = parser.parse_args(argv)
-    if args.command == "vars":
-        sys.stdout.write(variables_table() + "\n")
+    if args.command == "doctor":
+        return _doctor(args)
+    if args.command == "status":
+        return _status(args)
+    if args.command == "drift":
+        return _drift(args)
+    sys.stdout.write(variables_table() + "\n")
     return 0

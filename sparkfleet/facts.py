@@ -50,6 +50,9 @@ class AptVersions(FactBase):
     def process(self, output: list[str]) -> list[str]:
         return [line.split("|")[1].strip() for line in output if line.count("|") >= 2]
 
+    def default(self) -> list[str]:
+        return []
+
 
 class DockerImageId(FactBase):
     """Local image id of an image reference; None when the image is not on the host."""
@@ -81,6 +84,9 @@ class DockerDropins(FactBase):
             elif current:
                 files[current].append(line)
         return {name: "\n".join(lines) for name, lines in files.items()}
+
+    def default(self) -> dict[str, str]:
+        return {}
 
 
 class WeightsCheck(FactBase):

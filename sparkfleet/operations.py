@@ -114,7 +114,22 @@ def weights_staged(script: str, dest: str, source: str, verify: str, sums_file: 
     staging = f"{dest}/.staging"
     yield f"mkdir -p {shlex.quote(staging)}"
     # --compare-dest skips files already in place (same size and mtime): only what is missing travels.
-    flags = ["-a", "--partial", f"--compare-dest={dest}/", *(["--checksum"] if full else [])]
+    flags = ["-a", "--partial", f"--compare-dest={dest}/", "--exclude=.*", "--exclude=SHA256SUMS",
+             *(["--checksum"] if full else [])]
     yield RsyncCommand(source.rstrip("/") + "/", staging + "/", flags)
     yield shlex.join(["python3", script, "stage", "--dest", dest, "--sums-file", sums_file, "--staged", staging,
                       *full])
+
+
+@operation()
+def host_ready(problems: list[str]):
+    """
+    Fail this host, and only this host, before its first change when the preflight found problems.
+
+    + problems: one operator-language sentence per error (empty: the host is fit and nothing runs)
+    """
+    if not problems:
+        host.noop("the host passed its preflight")
+        return
+    lines = ["sparkfleet preflight refused this host; nothing was changed on it:", *problems]
+    yield f"printf '%s\\n' {shlex.join(lines)} >&2; exit 1"

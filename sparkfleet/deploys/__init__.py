@@ -1,13 +1,14 @@
-"""The five steps of a Spark's convergence, one module each, in the order deploy.py calls them."""
+"""The steps of a Spark's convergence (a preflight, then five changes), one module each, in deploy.py's order."""
 
 from sparkfleet.deploys.context import endpoint_for
 from sparkfleet.deploys.health import install_healthcheck
+from sparkfleet.deploys.preflight import check_host
 from sparkfleet.deploys.runtime import register_runtime
 from sparkfleet.deploys.service import install_service
 from sparkfleet.deploys.toolkit import install_toolkit
 from sparkfleet.deploys.weights import stage_weights
 
 __all__ = [
-    "endpoint_for", "install_healthcheck", "install_service", "install_toolkit", "register_runtime",
+    "check_host", "endpoint_for", "install_healthcheck", "install_service", "install_toolkit", "register_runtime",
     "stage_weights",
 ]

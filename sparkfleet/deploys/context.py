@@ -20,6 +20,11 @@ restart_triggers: dict[str, list[OperationMeta]] = {}
 activations: dict[str, list[OperationMeta]] = {}
 
 
+def staging_only(host: Host) -> bool:
+    """`--data sparkfleet_phase=stage` (rollout's first phase): weights and image everywhere, no restart."""
+    return host.data.get("sparkfleet_phase") == "stage"
+
+
 def will_change(*ops: OperationMeta) -> bool:
     """Whether any of `ops` plans a change (known at prepare time, from the facts).
 

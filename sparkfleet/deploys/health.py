@@ -6,14 +6,16 @@ import io
 import json
 from pathlib import Path
 
+from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import files, server, systemd
 
-from sparkfleet.deploys.context import TEMPLATES, activations, changed, will_change
+from sparkfleet.deploys.context import TEMPLATES, activations, changed, staging_only, will_change
 from sparkfleet.endpoint import CONTAINER, ENV_FILE, ETC, UNIT, Endpoint
 
 REMOTE = Path(__file__).resolve().parents[1] / "remote"
 CHECKER = "/usr/local/lib/sparkfleet/healthcheck.py"
+STATUS = "/usr/local/lib/sparkfleet/status.py"  # read-only reporter that `sparkfleet status` and `drift` run
 CONFIG = f"{ETC}/health.json"
 STATE_DIR = "/var/lib/sparkfleet/health"
 HEALTH = "sparkfleet-health"
@@ -34,8 +36,12 @@ def health_config(spark: Endpoint) -> dict[str, object]:
 
 @deploy("Install the endpoint health check")
 def install_healthcheck(spark: Endpoint) -> None:
+    if staging_only(host):
+        return
     files.put(name="Install the health checker", src=str(REMOTE / "healthcheck.py"), dest=CHECKER, mode="755",
               create_remote_dir=True)
+    files.put(name="Install the status reporter that `sparkfleet status` and `sparkfleet drift` run",
+              src=str(REMOTE / "status.py"), dest=STATUS, mode="755")
     files.put(name="Write the health checker's configuration",
               src=io.StringIO(json.dumps(health_config(spark), indent=2) + "\n"), dest=CONFIG, mode="644")
     units = [
@@ -50,7 +56,7 @@ def install_healthcheck(spark: Endpoint) -> None:
         systemd.daemon_reload(name="Reload systemd to read the changed health units", _if=changed(*units))
     enabled = spark.config.vllm_start
     systemd.service(
-        name=f"{'Enable and start' if enabled else 'Keep stopped'} the health timer",
+        name="Run the health timer where the endpoint runs (stopped when vllm_start is false)",
         service=f"{HEALTH}.timer", running=enabled, enabled=enabled,
     )
     started = activations[spark.host]
@@ -58,14 +64,16 @@ def install_healthcheck(spark: Endpoint) -> None:
         wait_healthy(spark, _if=changed(*started))
 
 
+def wait_command(timeout: int) -> str:
+    """The health checker's wait mode, run as a transient unit so the API key comes from the env file."""
+    return (f"systemd-run --quiet --wait --pipe --collect -p EnvironmentFile=-{ENV_FILE} "
+            f"/usr/bin/python3 {CHECKER} --config {CONFIG} --wait {timeout}")
+
+
 def wait_healthy(spark: Endpoint, **arguments: object) -> None:
-    """Run the real health check until it says healthy: the deploy ends with a serving endpoint."""
+    """The deploy ends with a serving endpoint, or fails this host with the checker's diagnosis."""
     timeout = spark.recipe.load_timeout_seconds
     server.shell(
         name=f"Wait until the endpoint is healthy (model loads take minutes; giving up after {timeout} s)",
-        commands=[
-            f"systemctl start {HEALTH}.service || true; python3 -c \"import json,sys; "
-            f"sys.exit(json.load(open('{STATE_DIR}/state.json'))['last_result']['state'] != 'healthy')\""
-        ],
-        _retries=timeout // 10, _retry_delay=10, **arguments,
+        commands=[wait_command(timeout)], **arguments,
     )

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import server, systemd
 
-from sparkfleet.deploys.context import will_change
+from sparkfleet.deploys.context import staging_only, will_change
 from sparkfleet.endpoint import Endpoint
 from sparkfleet.operations import docker_runtime
 
@@ -14,6 +15,8 @@ DAEMON_JSON = "/etc/docker/daemon.json"
 
 @deploy("Register the nvidia runtime with Docker")
 def register_runtime(spark: Endpoint) -> None:
+    if staging_only(host):
+        return  # a dockerd restart would stop the running endpoint
     config = spark.config
     daemon = docker_runtime(
         name="Register the nvidia runtime in daemon.json, keeping every other key",

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import io
 
+from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import files, systemd
 
 from sparkfleet import secrets
-from sparkfleet.deploys.context import TEMPLATES, activations, changed, restart_triggers, will_change
+from sparkfleet.deploys.context import TEMPLATES, activations, changed, restart_triggers, staging_only, will_change
 from sparkfleet.endpoint import ENV_FILE, ETC, UNIT, Endpoint
 from sparkfleet.operations import image_pulled
 from sparkfleet.unit import UnitView
@@ -33,12 +34,14 @@ def install_service(spark: Endpoint) -> None:
     triggers = restart_triggers[spark.host]
     files.directory(name="Create sparkfleet's configuration directory", path=ETC, mode="755")
     files.directory(name="Create a private staging directory for secret uploads", path=SECRET_TEMP, mode="700")
+    triggers.append(image_pulled(name=f"Pull {spark.image} now, never on boot", image=spark.image))
+    if staging_only(host):
+        return  # rollout stages the image everywhere first; the unit changes batch by batch
     triggers.append(files.put(
         name="Write the endpoint's secrets to a root-only env file",
         src=io.StringIO(env_file(spark)), dest=ENV_FILE, user="root", group="root", mode="600",
         _temp_dir=SECRET_TEMP,
     ))
-    triggers.append(image_pulled(name=f"Pull {spark.image} now, never on boot", image=spark.image))
     unit = files.template(
         name=f"Render the {UNIT} unit from the {spark.recipe.name} recipe",
         src=str(TEMPLATES / "vllm" / f"{UNIT}.service.j2"), dest=f"/etc/systemd/system/{UNIT}.service",

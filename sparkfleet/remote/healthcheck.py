@@ -918,11 +918,33 @@ def write_textfile(cfg: Config, result: Result, stream: TextIO) -> None:
 # --- entry point ---------------------------------------------------------------------------------------
 
 
+WAIT_INTERVAL_SECONDS = 5
+WAIT_UNHEALTHY_RUNS = 3
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Check the health of this Spark's vLLM endpoint once.")
     parser.add_argument("--config", default=DEFAULT_CONFIG, help=f"health config (default {DEFAULT_CONFIG})")
     parser.add_argument("--json", action="store_true", help="print the result as JSON (log lines: stderr)")
+    parser.add_argument("--wait", type=float, metavar="SECONDS",
+                        help="check every 5 s until healthy; give up after SECONDS or 3 unhealthy runs in a row")
     return parser.parse_args(argv)
+
+
+def wait_healthy(cfg: Config, stream: TextIO, timeout: float) -> tuple[Result, str]:
+    """After a (re)start: loading is "starting", not failure; a crash shows as 3 unhealthy runs in a row.
+
+    Used by the deploy and by rollout gates, so both stop at once on a crash loop instead of waiting out
+    the whole load window.
+    """
+    deadline = time.monotonic() + timeout
+    unhealthy = 0
+    while True:
+        result, line = check_once(cfg, stream)
+        unhealthy = unhealthy + 1 if result.state == UNHEALTHY else 0
+        if result.state == HEALTHY or unhealthy >= WAIT_UNHEALTHY_RUNS or time.monotonic() >= deadline:
+            return result, line
+        time.sleep(WAIT_INTERVAL_SECONDS)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -934,8 +956,10 @@ def main(argv: list[str] | None = None) -> int:
         emit(sys.stderr, ERR, f"sparkfleet health: bad config: {exc}")
         return EXIT_BAD_CONFIG
     stream = sys.stderr if args.json else sys.stdout
-    result, line = check_once(cfg, stream)
+    result, line = wait_healthy(cfg, stream, args.wait) if args.wait else check_once(cfg, stream)
     stream.write(line + "\n")
+    if args.wait and result.state != HEALTHY:
+        result = replace(result, state=UNHEALTHY)  # still starting when the wait ran out is a failure too
     if args.json:
         sys.stdout.write(json.dumps(dataclasses.asdict(result), indent=2) + "\n")
     return EXIT_UNHEALTHY if result.state == UNHEALTHY else EXIT_OK

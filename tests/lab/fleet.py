@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import secrets
 import shutil
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -80,28 +82,31 @@ def require_tools(arm64: bool) -> None:
 
 
 def _container_state(name: str) -> tuple[str, str] | None:
-    """(status, image) of a container, or None when it does not exist."""
+    """(status, config label) of a container, or None when it does not exist."""
     result = subprocess.run(
-        ["docker", "inspect", "-f", "{{.State.Status}} {{.Config.Image}}", name], capture_output=True, text=True
+        ["docker", "inspect", "-f", '{{.State.Status}} {{index .Config.Labels "sparkfleet-lab.config"}}', name],
+        capture_output=True, text=True,
     )
     if result.returncode != 0:
         return None
-    status, image = result.stdout.split()
-    return status, image
+    status, _, config = result.stdout.strip().partition(" ")
+    return status, config
 
 
 def _ensure_container(name: str, image: str, args: list[str]) -> None:
-    """Start `name` from `image` unless it already runs from that image (`up` is idempotent)."""
+    """Start `name` unless it already runs with this image and these arguments (`up` is idempotent)."""
+    config = hashlib.sha256(json.dumps([image, args]).encode()).hexdigest()[:16]
     state = _container_state(name)
-    if state == ("running", image):
+    if state == ("running", config):
         return
-    if state is not None and state[1] == image:
+    if state is not None and state[1] == config:
         run(["docker", "start", name], quiet=True)
         return
     if state is not None:
         run(["docker", "rm", "-f", "-v", name], quiet=True)
     log(f"starting {name}")
-    run(["docker", "run", "-d", "--name", name, "--label", LABEL, *args, image], quiet=True)
+    run(["docker", "run", "-d", "--name", name, "--label", LABEL, "--label", f"sparkfleet-lab.config={config}",
+         *args, image], quiet=True)
 
 
 def _published_port(container: str, port: int) -> int:
@@ -112,9 +117,12 @@ def _published_port(container: str, port: int) -> int:
 def _prepare_www() -> str:
     """Lay out the stand-in NVIDIA repository and the model mirror; returns the key's fingerprint."""
     repo_dir = WWW / "libnvidia-container"
-    if not (repo_dir / "gpgkey").exists():
+    stamp = repo_dir / ".lab-inputs"
+    inputs = images.tree_hash(nvidia_repo.STANDINS_DIR, Path(nvidia_repo.__file__))
+    if not stamp.exists() or stamp.read_text() != inputs:
         log("building the stand-in NVIDIA apt repository")
         nvidia_repo.build_repo(repo_dir, LAB_DIR / "gnupg")
+        stamp.write_text(inputs)
     model_dir = WWW / "models" / MODEL_NAME
     stamp = model_dir / ".lab-generated"
     if not stamp.exists() or stamp.read_text() != str(MODEL_BYTES):
@@ -171,6 +179,27 @@ def _retry(action, what: str, attempts: int = 30, delay: float = 1.0):  # noqa: 
     raise AssertionError(what)
 
 
+# A DGX Spark's 128 GB of unified memory as /proc/meminfo shows it (the lab VM has far less). runc lets
+# exactly this file be bind-mounted over /proc (it is one of the files lxcfs virtualises).
+MEMINFO = """MemTotal:       125829120 kB
+MemFree:        118489088 kB
+MemAvailable:   121634816 kB
+Buffers:          262144 kB
+Cached:          2097152 kB
+SwapCached:            0 kB
+SwapTotal:             0 kB
+SwapFree:              0 kB
+"""
+
+
+def _meminfo(host: LabHost) -> Path:
+    path = LAB_DIR / "hosts" / host.name / "meminfo"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(MEMINFO)
+    return path
+
+
 def _start_host(host: LabHost, image: str) -> None:
     _ensure_container(
         host.container, image,
@@ -181,6 +210,7 @@ def _start_host(host: LabHost, image: str) -> None:
             "--cgroupns=host", "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw", "--tmpfs", "/run", "--tmpfs", "/run/lock",
             "-v", f"{host.container}-docker:/var/lib/docker",
             "-v", f"{SSH_KEY}.pub:/root/.ssh/authorized_keys:ro",
+            "-v", f"{_meminfo(host)}:/proc/meminfo:ro",
             "-p", "127.0.0.1::22",
         ],
     )
@@ -218,8 +248,13 @@ def up(amd64: int = 3, arm64: int = 1, vllm_tags: list[str] | None = None) -> La
     _api_key()
     if subprocess.run(["docker", "network", "inspect", NETWORK], capture_output=True).returncode != 0:
         run(["docker", "network", "create", "--label", LABEL, NETWORK], quiet=True)
-    _start_services(state, images.build(images.vllm_spec()))
-    host_images = {arch: images.build(images.host_spec(arch)) for arch in {h.arch for h in state.hosts}}
+    # Two build lanes: emulated arm64 builds are slow and CPU-bound, so they overlap the amd64 ones.
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        foreign = {arch: pool.submit(images.build, images.host_spec(arch))
+                   for arch in {h.arch for h in state.hosts} if arch != "amd64"}
+        _start_services(state, images.build(images.vllm_spec()))
+        host_images = {"amd64": images.build(images.host_spec("amd64"))}
+        host_images |= {arch: future.result() for arch, future in foreign.items()}
     for host in state.hosts:
         _start_host(host, host_images[host.arch])
     _remove_unplanned(state)

@@ -21,6 +21,8 @@ from tests.lab.standins import vllm_data
 STANDINS = Path(__file__).parent / "standins"
 SUITE = "bookworm"
 DEB_CACHE = Path("/var/cache/sparkfleet-lab/debs")
+# Part of every image's content hash: bump it when `build` changes how a root becomes an image.
+BUILD_VERSION = "1"
 
 HOST_PACKAGES = (
     "systemd,systemd-sysv,dbus,openssh-server,python3,iproute2,ca-certificates,gnupg,curl,rsync,"
@@ -52,8 +54,18 @@ class ImageSpec:
             digest.update(part.encode() + b"\0")
         for path in sorted(self.files):
             digest.update(path.encode() + b"\0" + self.files[path] + b"\0")
-        digest.update(Path(__file__).read_bytes())
+        digest.update(BUILD_VERSION.encode())
         return f"sparkfleet-lab/{self.name}:{digest.hexdigest()[:16]}"
+
+
+def tree_hash(*paths: Path) -> str:
+    """Content hash of files and directory trees: what a cached artefact was built from."""
+    digest = hashlib.sha256()
+    for path in paths:
+        for file in sorted([path] if path.is_file() else path.rglob("*")):
+            if file.is_file():
+                digest.update(str(file.relative_to(path.parent)).encode() + b"\0" + file.read_bytes())
+    return digest.hexdigest()
 
 
 def _standin(name: str) -> bytes:
@@ -136,11 +148,12 @@ def build(spec: ImageSpec) -> str:
     if image_exists(spec.tag):
         return spec.tag
     log(f"building {spec.tag} ({spec.arch}, debootstrap {SUITE})")
-    DEB_CACHE.mkdir(parents=True, exist_ok=True)
+    cache = DEB_CACHE / spec.arch  # one per arch: the two build lanes run at once
+    cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="sparkfleet-lab-root-") as tmp:
         root = Path(tmp) / "root"
         run(
-            ["debootstrap", "--variant=minbase", f"--arch={spec.arch}", f"--cache-dir={DEB_CACHE}",
+            ["debootstrap", "--variant=minbase", f"--arch={spec.arch}", f"--cache-dir={cache}",
              f"--include={spec.packages}", SUITE, str(root)],
             quiet=True,
         )

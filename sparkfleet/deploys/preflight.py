@@ -1,0 +1,28 @@
+"""Step 0: check the host before changing it; a host unfit for its endpoint fails here, untouched."""
+
+from __future__ import annotations
+
+from pyinfra import host, logger
+from pyinfra.api import deploy
+
+from sparkfleet.endpoint import Endpoint
+from sparkfleet.operations import host_ready
+from sparkfleet.preflight import SparkFacts, checkpoint_size, host_findings
+
+
+@deploy("Check the host before changing it")
+def check_host(spark: Endpoint) -> None:
+    facts = host.get_fact(SparkFacts, weights_dir=spark.weights_dir, port=spark.config.vllm_port)
+    if facts is None:  # pyinfra printed the command's own error
+        problems = ["the preflight command failed on the host (is python3 installed?) [host.facts]"]
+    else:
+        findings = host_findings(spark, facts, checkpoint_size(spark))
+        for finding in findings:
+            if finding.severity == "warning":
+                logger.warning(f"{host.name}: {finding.message} [{finding.rule}]")
+        problems = [f"{f.message} [{f.rule}]" for f in findings if f.severity == "error"]
+    # Only this host fails: the others carry on with their own steps.
+    host_ready(
+        name="Refuse the host if its preflight found a problem (GPU, Docker, disk, memory, port, drop-ins)",
+        problems=problems,
+    )

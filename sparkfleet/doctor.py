@@ -1,0 +1,202 @@
+"""`sparkfleet doctor`: every targeted host's recipe rules and host preflight, before anything changes.
+
+The inventory is loaded exactly as the pyinfra CLI loads it (group data, `--data` overrides, `--limit`), so
+doctor judges the hosts and values a deploy would use. Hosts whose inventory is bad are reported without a
+connection; the others are reached over SSH and read once (SparkFacts).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+from pyinfra.api import Config, Host, State
+from pyinfra.api.exceptions import ConnectError, PyinfraError
+from pyinfra.api.facts import get_fact
+from pyinfra.context import ctx_config, ctx_inventory, ctx_state
+from rich.console import Console
+from rich.table import Table
+
+from sparkfleet import rules
+from sparkfleet.endpoint import Endpoint
+from sparkfleet.fleet import load_endpoint
+from sparkfleet.memory import SPARK_MEMORY_BYTES, budget, explain
+from sparkfleet.preflight import HOST_CHECKS, Facts, SparkFacts, checkpoint_size, host_findings, host_summary
+
+Status = Literal["ok", "warning", "error"]
+NOMINAL_MEMORY_RULES = ("capacity.memory", "capacity.memory-tight")  # superseded by host.memory once read
+COLOURS = {"ok": "green", "warning": "yellow", "error": "bold red"}
+
+
+@dataclass(frozen=True)
+class Row:
+    rule: str
+    status: Status
+    field: str
+    message: str
+
+    @classmethod
+    def of(cls, finding: rules.Finding) -> Row:
+        return cls(finding.rule, finding.severity, finding.field, finding.message)
+
+
+@dataclass
+class HostReport:
+    """One host's verdict: a row per check, and what the explanation and `--json` need."""
+
+    host: str
+    rows: list[Row] = field(default_factory=list)
+    endpoint: Endpoint | None = None
+    facts: Facts | None = None
+
+    @property
+    def status(self) -> Status:
+        statuses = {row.status for row in self.rows}
+        return "error" if "error" in statuses else "warning" if "warning" in statuses else "ok"
+
+    def budget_terms(self) -> list[tuple[str, str]]:
+        """The memory budget term by term, on this host's MemTotal when it was read, else a nominal Spark's."""
+        if self.endpoint is None:
+            return []
+        memory = (self.facts or {}).get("mem_total") or SPARK_MEMORY_BYTES
+        try:
+            return explain(budget(self.endpoint, memory))
+        except (TypeError, ValueError):
+            return []  # flag.number already says which flag is not a number
+
+    def as_dict(self, with_budget: bool) -> dict[str, object]:
+        data: dict[str, object] = {"host": self.host, "status": self.status,
+                                   "rows": [asdict(row) for row in self.rows], "facts": self.facts}
+        if with_budget:
+            data["budget"] = dict(self.budget_terms())
+        return data
+
+
+def load_hosts(inventory: str, limits: Iterable[str], data: Iterable[str]) -> tuple[State, list[Host]]:
+    """The targeted hosts, built by pyinfra_cli itself so `--limit` and `--data` mean what they mean there.
+
+    `--limit` also takes comma-separated patterns. Importing pyinfra_cli monkey-patches the process with
+    gevent (as the pyinfra CLI runs), which is why it happens here and not at import time.
+    """
+    import pyinfra_cli  # noqa: F401  (gevent's monkey patching first, as in the pyinfra CLI)
+    from pyinfra_cli.cli import _apply_inventory_limit
+    from pyinfra_cli.inventory import make_inventory
+    from pyinfra_cli.util import parse_cli_arg
+
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.append(cwd)  # inventories may import modules beside them, as under the pyinfra CLI
+    state, config = State(), Config()
+    state.cwd = cwd
+    ctx_state.set(state)
+    ctx_config.set(config)
+    overrides = {key: parse_cli_arg(value) for key, _, value in (item.partition("=") for item in data)}
+    hosts = make_inventory(inventory, override_data=overrides, cwd=cwd)
+    ctx_inventory.set(hosts)
+    patterns = [part for limit in limits for part in limit.split(",") if part]
+    state.init(hosts, config, initial_limit=_apply_inventory_limit(hosts, patterns))
+    return state, [host for host in hosts if state.is_host_in_limit(host)]
+
+
+def recipe_rows(name: str, data: dict[str, object]) -> tuple[Endpoint | None, list[Row]]:
+    """The inventory and recipe verdict of one host, as `deploy.py` would reach it (fleet.load_endpoint)."""
+    endpoint, errors, _ = load_endpoint(name, data)
+    if endpoint is None:
+        return None, [Row("inventory", "error", "", error.removeprefix(f"{name}: ")) for error in errors]
+    findings = rules.check(endpoint)
+    ruled = {f"{name}: `{f.field}`: {f.message} [{f.rule}]" for f in findings}
+    rows = [Row("inventory", "error", "", error.removeprefix(f"{name}: ")) for error in errors if error not in ruled]
+    rows += [Row.of(finding) for finding in findings]
+    if not rows:
+        rows.append(Row("recipe", "ok", "vllm_recipe", f"{endpoint.recipe.name}: flag, capacity and platform "
+                        "rules pass"))
+    return endpoint, rows
+
+
+def host_rows(endpoint: Endpoint, facts: Facts) -> list[Row]:
+    """A row per always-run check (`ok` with what it saw, or its findings), then any other finding."""
+    size = checkpoint_size(endpoint)
+    findings = host_findings(endpoint, facts, size)
+    summary = host_summary(endpoint, facts, size)
+    rows = []
+    for check in HOST_CHECKS:
+        mine = [Row.of(f) for f in findings if f.rule == check]
+        rows += mine or [Row(check, "ok", "", summary[check])]
+    return rows + [Row.of(f) for f in findings if f.rule not in HOST_CHECKS]
+
+
+def read_host(state: State, host: Host, endpoint: Endpoint) -> Facts | str:
+    """SparkFacts of one host, or why it could not be read (the message of `host.unreachable`)."""
+    try:
+        host.connect(show_errors=False, raise_exceptions=True)
+        facts = get_fact(state, host, SparkFacts, kwargs={"weights_dir": endpoint.weights_dir,
+                                                           "port": endpoint.config.vllm_port},
+                         apply_failed_hosts=False)
+    except (ConnectError, PyinfraError, OSError) as error:
+        return f"cannot connect over SSH ({error or type(error).__name__}): check ssh_hostname, ssh_user, keys"
+    if facts is None:
+        return "connected, but the preflight command failed (python3 missing?); run `pyinfra INVENTORY " \
+               "fact server.Os` to see the host's answer"
+    return facts
+
+
+def diagnose(inventory: str, limits: Iterable[str] = (), data: Iterable[str] = ()) -> list[HostReport]:
+    """Every targeted host's report; hosts with a bad inventory are never connected to."""
+    state, hosts = load_hosts(inventory, limits, data)
+    reports: dict[Host, HostReport] = {}
+    for host in hosts:
+        endpoint, rows = recipe_rows(host.name, host.data.dict())
+        reports[host] = HostReport(host.name, rows, endpoint)
+    reachable = {host: report for host, report in reports.items() if report.endpoint is not None}
+    greenlets = {host: state.pool.spawn(read_host, state, host, report.endpoint) for host, report in reachable.items()}
+    state.pool.join()
+    for host, greenlet in greenlets.items():
+        report, facts = reports[host], greenlet.get()
+        if host.connected:
+            host.disconnect()
+        if isinstance(facts, str):
+            report.rows.append(Row("host.unreachable", "error", "ssh_hostname", facts))
+            continue
+        report.facts = facts
+        report.rows = [row for row in report.rows if row.rule not in NOMINAL_MEMORY_RULES]
+        report.rows += host_rows(report.endpoint, facts)  # type: ignore[arg-type]  (reachable: endpoint set)
+    return list(reports.values())
+
+
+def render(reports: list[HostReport], console: Console, explain_budget: bool) -> None:
+    """One table per host, its memory budget when asked, then a one-line verdict."""
+    for report in reports:
+        table = Table(title=f"{report.host}: {report.status}", title_justify="left", show_lines=False)
+        table.add_column("rule", no_wrap=True)
+        table.add_column("status", no_wrap=True)
+        table.add_column("message")
+        for row in report.rows:
+            table.add_row(row.rule, f"[{COLOURS[row.status]}]{row.status}[/]", row.message)
+        console.print(table)
+        terms = report.budget_terms() if explain_budget else []
+        if terms:
+            memory = "MemTotal" if (report.facts or {}).get("mem_total") else "a nominal 128 GB Spark"
+            budget_table = Table(title=f"{report.host}: memory budget on {memory}", title_justify="left")
+            budget_table.add_column("term", no_wrap=True)
+            budget_table.add_column("bytes and formula")
+            for term, text in terms:
+                budget_table.add_row(term, text)
+            console.print(budget_table)
+    console.print(verdict(reports))
+
+
+def verdict(reports: list[HostReport]) -> str:
+    failing = [report.host for report in reports if report.status == "error"]
+    warned = sum(report.status == "warning" for report in reports)
+    if not reports:
+        return "doctor: no host matched"
+    if failing:
+        return f"doctor: {len(failing)} of {len(reports)} hosts would be refused: {', '.join(failing)}"
+    return f"doctor: all {len(reports)} hosts fit their endpoint" + (f" ({warned} with warnings)" if warned else "")
+
+
+def exit_code(reports: list[HostReport]) -> int:
+    return 1 if not reports or any(report.status == "error" for report in reports) else 0

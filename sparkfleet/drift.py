@@ -1,0 +1,271 @@
+"""`sparkfleet drift`: how far each Spark is from its inventory, read-only and quiet enough for cron.
+
+Two sources, read side by side:
+- pyinfra's own dry run of deploy.py (`--dry --json`): per operation, the hosts it would change. sparkfleet
+  names every operation with a sentence, so those names are the report; a converged host plans no change.
+- the status reporter on each host (remote/status.py), told the wanted image and weights list: the facts an
+  operator asks about, and the drift a deploy does not see because it leaves running things alone (dockerd
+  without the runtime its daemon.json registers, systemd holding an older unit than the file, a container on
+  another image than the one pulled, an unhealthy endpoint). What the dry run already names (toolkit
+  version, daemon.json, unit and env file, weights) stays a fact in `--json`, not a second drift line.
+
+Exit 0 converged, 2 drifted, 1 error (unreachable host, pyinfra failure, bad inventory).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from pyinfra.api import Host
+
+from sparkfleet import status
+from sparkfleet.doctor import load_hosts
+from sparkfleet.endpoint import UNIT, Endpoint
+from sparkfleet.fleet import load_endpoint
+from sparkfleet.manifest import controller_sums
+
+REPO = Path(__file__).resolve().parents[1]
+DEPLOY = REPO / "deploy.py"
+PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
+EXIT_CONVERGED, EXIT_ERROR, EXIT_DRIFTED = 0, 1, 2
+# The operations that write the files the facts describe (service.py; a unit test keeps them in step).
+FILE_OPS = {"unit_file": f"Render the {UNIT} unit", "env_file": "Write the endpoint's secrets"}
+_HOST_ERROR = re.compile(r"\s*\[[^\]]+\] .*(error|could not|failed|unable)", re.IGNORECASE)
+
+
+# --- the dry run ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Per host, the operations that would change it, and the follow-ups that run only if those do."""
+
+    changes: dict[str, list[str]]
+    follow_ups: dict[str, list[str]]
+
+
+def op_name(names: Iterable[str]) -> str:
+    """An operation's own sentence, without the deploy's name pyinfra puts first ("Deploy | Operation").
+
+    Hosts may word one operation differently (another image in its name): then every wording, joined.
+    """
+    return " / ".join(sorted({name.rpartition(" | ")[2] for name in names}))
+
+
+def parse_plan(stdout: str) -> Plan | None:
+    """The plan from `pyinfra --dry --json` output (its last JSON line); None when there is none."""
+    for line in reversed(stdout.splitlines()):
+        try:
+            payload = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(payload, dict) and isinstance(payload.get("plan"), list):
+            break
+    else:
+        return None
+    changes: dict[str, list[str]] = {}
+    follow_ups: dict[str, list[str]] = {}
+    for op in payload["plan"]:
+        name = op_name(op.get("names") or [op.get("name") or op.get("op_hash", "?")])
+        for host in op.get("hosts_with_change") or []:
+            changes.setdefault(host, []).append(name)
+        for host in op.get("hosts_with_conditional_change") or []:
+            follow_ups.setdefault(host, []).append(name)
+    return Plan(changes, follow_ups)
+
+
+def pyinfra_message(stderr: str) -> list[str]:
+    """pyinfra's own words on what failed: each host's error lines, then its final error to the end."""
+    lines = [line.rstrip() for line in stderr.splitlines() if line.strip()]
+    final = next((i for i, line in enumerate(lines) if line.startswith(("--> pyinfra error", "--> An exception"))),
+                 len(lines))
+    message = [line.strip() for line in lines[:final] if _HOST_ERROR.match(line)] + lines[final:]
+    return message or lines[-10:]
+
+
+def dry_run_command(inventory: str, limits: Iterable[str], data: Iterable[str]) -> list[str]:
+    command = [PYINFRA, "-y", "--dry", "--json"]
+    for pattern in split_limits(limits):
+        command += ["--limit", pattern]
+    for item in data:
+        command += ["--data", item]
+    return [*command, inventory, str(DEPLOY)]
+
+
+def split_limits(limits: Iterable[str]) -> list[str]:
+    """`--limit a,b` as doctor and status read it; the pyinfra CLI itself takes one pattern per flag."""
+    return [part for limit in limits for part in limit.split(",") if part]
+
+
+def start_dry_run(inventory: str, limits: Iterable[str], data: Iterable[str]) -> subprocess.Popen[str]:
+    """Start the dry run in the background (the deploy imports sparkfleet from this checkout)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    return subprocess.Popen(dry_run_command(inventory, limits, data), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+
+
+# --- the facts -----------------------------------------------------------------------------------------
+
+
+def weights_args(spark: Endpoint) -> list[str] | None:
+    """`stage_weights.py check` arguments for the wanted weights, as the deploy's weights step builds them."""
+    source = spark.model_source
+    if source.startswith(("http://", "https://")):
+        wanted = ["--sums-url", source.rstrip("/") + "/SHA256SUMS"]
+    elif source.startswith("/"):
+        try:
+            wanted = ["--digest", controller_sums(Path(source))[1]]
+        except OSError:
+            return None  # the dry run reports the unreadable source
+    else:
+        return None
+    return ["--dest", spark.weights_dir, *wanted]
+
+
+def reporter_args(spark: Endpoint) -> str:
+    args = ["--image", spark.image]
+    weights = weights_args(spark)
+    if weights is not None:
+        args.append("--weights-check=" + shlex.join(weights))
+    return shlex.join(args)
+
+
+def facts(spark: Endpoint, report: dict[str, Any], changes: list[str]) -> dict[str, Any]:
+    """What an operator asks about, each fact beside what the inventory wants."""
+
+    def would_change(key: str) -> bool:
+        return any(name.startswith(FILE_OPS[key]) for name in changes)
+
+    return {
+        "endpoint": report.get("state"),
+        "toolkit_version": {"installed": report.get("toolkit_version"),
+                            "wanted": spark.config.nvidia_toolkit_version},
+        "nvidia_runtime": {"daemon_json": report.get("runtime_in_daemon_json"),
+                           "dockerd": report.get("runtime_in_dockerd")},
+        "unit_file": {"sha256": report.get("unit_sha256"), "would_change": would_change("unit_file"),
+                      "need_daemon_reload": report.get("need_daemon_reload")},
+        "env_file": {"sha256": report.get("env_sha256"), "would_change": would_change("env_file")},
+        "image": {"running": report.get("image"), "running_id": report.get("image_id"), "wanted": spark.image,
+                  "wanted_id": report.get("wanted_image_id")},
+        "weights": report.get("weights"),
+        "last_health": report.get("last_result"),
+    }
+
+
+def fact_drift(spark: Endpoint, report: dict[str, Any]) -> list[str]:
+    """Drift the dry run cannot name: running state that a deploy leaves alone."""
+    items = []
+    if report.get("runtime_in_daemon_json") and report.get("runtime_in_dockerd") is False:
+        items.append("dockerd runs without the nvidia runtime its daemon.json registers (restart docker)")
+    if report.get("need_daemon_reload"):
+        items.append(f"systemd holds an older {UNIT} unit than the file on disk (daemon-reload, then restart it)")
+    if spark.config.vllm_start:
+        items += image_drift(spark.image, report)
+        health = report.get("last_result") or {}
+        if health.get("state") == "unhealthy":
+            items.append(f"last health check unhealthy: {health.get('diagnosis') or health.get('cause')}")
+    return items
+
+
+def image_drift(wanted: str, report: dict[str, Any]) -> list[str]:
+    """The running container against the wanted reference and the id it has on the host now."""
+    running, running_id, wanted_id = report.get("image"), report.get("image_id"), report.get("wanted_image_id")
+    if running is None:
+        return []  # not running: the unit's state and the health check say why
+    if running != wanted:
+        return [f"runs image {running}, the inventory wants {wanted}"]
+    if wanted_id and running_id and running_id != wanted_id:
+        return [f"runs an older pull of {wanted} ({running_id[:19]}, the host has {wanted_id[:19]})"]
+    return []
+
+
+# --- the report ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class HostDrift:
+    host: str
+    changes: list[str] = field(default_factory=list)
+    follow_ups: list[str] = field(default_factory=list)
+    drift: list[str] = field(default_factory=list)
+    facts: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+
+    def lines(self) -> list[str]:
+        """One line per drifted item, host first: what cron mails."""
+        return [f"{self.host}: would change: {name}" for name in self.changes] + [
+            f"{self.host}: {item}" for item in self.drift]
+
+
+@dataclass
+class Report:
+    hosts: list[HostDrift]
+    errors: list[str]  # pyinfra's message when its dry run failed
+
+    @property
+    def exit_code(self) -> int:
+        if self.errors or not self.hosts or any(host.error for host in self.hosts):
+            return EXIT_ERROR
+        return EXIT_DRIFTED if any(host.lines() for host in self.hosts) else EXIT_CONVERGED
+
+    def as_dict(self) -> dict[str, Any]:
+        verdict = {EXIT_CONVERGED: "converged", EXIT_DRIFTED: "drifted", EXIT_ERROR: "error"}[self.exit_code]
+        return {"status": verdict, "hosts": [asdict(host) for host in self.hosts], "errors": self.errors}
+
+
+def host_drift(spark: Endpoint, answer: status.Answer, plan: Plan) -> HostDrift:
+    """A host without the reporter is not an error here: the plan names its installation as a change."""
+    changes = plan.changes.get(spark.host, [])
+    error = answer.error if answer.deployed else None
+    result = HostDrift(spark.host, changes, plan.follow_ups.get(spark.host, []), error=error)
+    if answer.status is not None:
+        result.facts = facts(spark, answer.status, changes)
+        result.drift = fact_drift(spark, answer.status)
+    return result
+
+
+def check(inventory: str, limits: Iterable[str] = (), data: Iterable[str] = ()) -> Report:
+    """Dry run and host reports at once; a host with a bad inventory is left to the dry run's message."""
+    status.quiet_pyinfra()
+    state, hosts = load_hosts(inventory, limits, data)
+    if not hosts:
+        return Report([], ["no host matched the inventory and --limit"])
+    endpoints: dict[str, Endpoint | None] = {host.name: load_endpoint(host.name, host.data.dict())[0]
+                                              for host in hosts}
+    reachable = [host for host in hosts if endpoints[host.name] is not None]
+    # Hashing a controller weights directory comes first: the dry run then reads the warm cache.
+    args = {host.name: reporter_args(endpoints[host.name]) for host in reachable}  # type: ignore[arg-type]
+    dry_run = start_dry_run(inventory, limits, data)
+    answers = {answer.host: answer for answer in status.probe(state, reachable, lambda host: args[host.name])}
+    stdout, stderr = dry_run.communicate()
+    plan = parse_plan(stdout)
+    errors = [] if dry_run.returncode == 0 and plan is not None else pyinfra_message(stderr)
+    return Report([_one(host, endpoints[host.name], answers.get(host.name), plan) for host in hosts], errors)
+
+
+def _one(host: Host, spark: Endpoint | None, answer: status.Answer | None, plan: Plan | None) -> HostDrift:
+    if spark is None or answer is None:
+        return HostDrift(host.name, error="bad inventory (pyinfra's message says why)")
+    return host_drift(spark, answer, plan or Plan({}, {}))
+
+
+def render(report: Report, out: TextIO, err: TextIO) -> None:
+    """Drift lines on stdout, errors on stderr, and a single line when all is well: cron mails only news."""
+    for line in report.errors:
+        err.write(line + "\n")
+    for host in report.hosts:
+        if host.error:
+            err.write(f"{host.host}: error: {host.error}\n")
+        for line in host.lines():
+            out.write(line + "\n")
+    if report.exit_code == EXIT_CONVERGED:
+        out.write(f"converged: {len(report.hosts)} hosts\n")

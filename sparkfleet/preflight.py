@@ -1,0 +1,302 @@
+"""Host preflight: is this Spark fit for its endpoint? Read before anything changes, in one SSH round trip.
+
+`SparkFacts` gathers what the checks need; `host_findings` turns it into findings with stable ids and
+messages naming the fix. `deploy.py` refuses a host with an error before its first change, and
+`sparkfleet doctor` prints every finding.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from pyinfra.api import FactBase, QuoteString, StringCommand
+
+from sparkfleet.endpoint import UNIT, Endpoint
+from sparkfleet.manifest import SKIP
+from sparkfleet.memory import budget, gb
+from sparkfleet.rules import Finding, memory_budget_for
+from sparkfleet.vllm_flags import flag_set
+
+HOST_FACTS_SCRIPT = Path(__file__).parent / "remote" / "host_facts.py"
+GB = 10**9
+DISK_MARGIN = 0.10  # of the checkpoint: staging keeps partial files, and the OS needs room to breathe
+DISK_MARGIN_MIN = 5 * GB
+TEMPERATURE_WARN = 85.0  # °C before any load: GB10 throttles in the low 90s
+# GB10's SoC is rated 140 W; a cap well below it (nvidia-smi -pl) throttles decode. GB10 reports [N/A].
+POWER_CAP_WARN_WATTS = 100.0
+ENDPOINT_STATES = ("active", "activating", "reloading", "deactivating")  # the unit holds the port
+DAEMON_JSON = "/etc/docker/daemon.json"
+# dockerd flags whose daemon.json key is not the long flag name without its dashes (dockerd's own mapping).
+FLAG_KEYS = {
+    "--add-runtime": "runtimes", "--registry-mirror": "registry-mirrors", "--insecure-registry": "insecure-registries",
+    "-H": "hosts", "--host": "hosts", "-s": "storage-driver", "--storage-opt": "storage-opts",
+    "--log-opt": "log-opts", "-l": "log-level", "-D": "debug", "--exec-opt": "exec-opts", "--dns-opt": "dns-opts",
+    "--default-ulimit": "default-ulimits", "--default-address-pool": "default-address-pools",
+    "--cdi-spec-dir": "cdi-spec-dirs", "--feature": "features", "--label": "labels",
+    "--authorization-plugin": "authorization-plugins", "--node-generic-resource": "node-generic-resources",
+    "-b": "bridge", "-G": "group", "-p": "pidfile", "-g": "data-root", "--graph": "data-root",
+}
+# Checks that always run, in report order; the others (power, temperature, ...) appear only when they fire.
+HOST_CHECKS = ("host.arch", "host.os", "host.docker", "host.gpu", "host.memory", "host.disk", "host.port",
+               "host.dropin")
+
+Facts = dict[str, Any]
+
+
+class SparkFacts(FactBase):
+    """Everything the preflight reads from a host, as one JSON object (see sparkfleet/remote/host_facts.py)."""
+
+    def command(self, weights_dir: str, port: int) -> StringCommand:
+        source = HOST_FACTS_SCRIPT.read_text()
+        return StringCommand("python3", "-c", QuoteString(source), QuoteString(weights_dir), str(port),
+                             f"{UNIT}.service")
+
+    def process(self, output: list[str]) -> Facts:
+        facts = json.loads("\n".join(output))
+        facts["dropins"] = dockerd_flags(facts.pop("dropin_texts", {}))
+        return facts
+
+
+def _exec_starts(text: str) -> Iterator[str]:
+    """Values of `ExecStart=` lines, with backslash continuations joined and comments skipped."""
+    for line in text.replace("\\\n", " ").splitlines():
+        key, sep, value = line.strip().partition("=")
+        if sep and key.strip() == "ExecStart":
+            yield value.strip()
+
+
+def _dockerd_args(command: str) -> list[str] | None:
+    """Flag names of an ExecStart command line that runs dockerd; None when it runs something else."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return None
+    words = [words[0].lstrip("-@:+!"), *words[1:]] if words else []
+    starts = [i for i, word in enumerate(words) if PurePosixPath(word).name == "dockerd"]
+    if not starts:
+        return None
+    return [word.split("=", 1)[0] for word in words[starts[0] + 1:] if word.startswith("-")]
+
+
+def dockerd_flags(dropins: dict[str, str]) -> dict[str, list[str]]:
+    """dockerd flags set by each drop-in, as systemd applies them (in the given order, by file name):
+    an empty `ExecStart=` discards every ExecStart before it."""
+    found: dict[str, list[str]] = {}
+    for path, text in dropins.items():
+        for command in _exec_starts(text):
+            if not command:
+                found.clear()
+                continue
+            flags = _dockerd_args(command)
+            if flags:
+                found.setdefault(path, []).extend(flags)
+    return found
+
+
+def flag_key(flag: str) -> str:
+    """The daemon.json key a dockerd flag sets (dockerd refuses to start when both are given)."""
+    return FLAG_KEYS.get(flag, flag.lstrip("-"))
+
+
+def checkpoint_size(endpoint: Endpoint) -> int:
+    """Bytes the weights take on the Spark: the real size of a controller directory (the lab stages a ~1 GiB
+    stand-in), otherwise the recipe's checkpoint_bytes (mirrors and the Hub are not asked)."""
+    source = Path(endpoint.model_source)
+    if endpoint.model_source.startswith("/") and source.is_dir():
+        files = (p for p in source.rglob("*") if p.is_file() and p.name not in SKIP and not p.name.startswith("."))
+        return sum(p.stat().st_size for p in files)
+    return endpoint.recipe.model.checkpoint_bytes
+
+
+def disk_needed(checkpoint_bytes: int) -> int:
+    return checkpoint_bytes + max(int(checkpoint_bytes * DISK_MARGIN), DISK_MARGIN_MIN)
+
+
+def _version(text: str) -> tuple[int, int] | None:
+    """major.minor of a driver version ("580.95.05" -> (580, 95)); None when it is not one."""
+    parts = text.strip().split(".")
+    try:
+        return int(parts[0]), int(parts[1]) if len(parts) > 1 else 0
+    except ValueError:
+        return None
+
+
+def _probe_errors(facts: Facts) -> Iterator[Finding]:
+    for probe, error in facts.get("probe_errors", {}).items():
+        yield Finding("host.facts", "warning", "host", f"could not read {probe} on the host ({error}); "
+                      "the checks that need it were skipped")
+
+
+def _platform(endpoint: Endpoint, facts: Facts) -> Iterator[Finding]:
+    arch, wanted = facts.get("arch"), endpoint.recipe.image_architectures
+    if arch and arch not in wanted:
+        yield Finding("host.arch", "error", "vllm_image",
+                      f"this host is {arch} but {endpoint.image} is built for {', '.join(wanted)}: "
+                      f"use a recipe or vllm_image built for {arch}")
+    release = facts.get("os")
+    if release is not None:
+        family = {release.get("id", ""), *release.get("id_like", "").split()}
+        if not family & {"ubuntu", "debian"}:
+            yield Finding("host.os", "warning", "host",
+                          f"{release.get('pretty_name') or 'this OS'} is not Ubuntu or Debian: sparkfleet "
+                          "targets DGX OS (Ubuntu 24.04) and installs the toolkit with apt")
+
+
+def _docker(facts: Facts) -> Iterator[Finding]:
+    if "docker" not in facts:
+        return
+    docker = facts["docker"]
+    if docker is None:
+        yield Finding("host.docker", "error", "host",
+                      "docker is not installed: DGX OS ships Docker; install docker.io or docker-ce")
+    elif not docker.get("server"):
+        yield Finding("host.docker", "error", "host",
+                      f"dockerd does not answer ({docker.get('error')}): start it with "
+                      "`systemctl start docker` and read `journalctl -u docker` if it will not")
+    if facts.get("daemon_json_error"):
+        yield Finding("host.daemon-json", "error", "host",
+                      f"{DAEMON_JSON} is not valid JSON ({facts['daemon_json_error']}): dockerd would not "
+                      "restart with it; fix it by hand")
+
+
+def _gpu(endpoint: Endpoint, facts: Facts) -> Iterator[Finding]:
+    if "gpu" not in facts:
+        return
+    gpu, minimum = facts["gpu"], endpoint.recipe.min_driver
+    if gpu is None:
+        yield Finding("host.gpu", "error", "host",
+                      f"nvidia-smi is not installed: no NVIDIA driver on this host; install driver {minimum} "
+                      "or later (DGX OS ships it)")
+        return
+    if gpu.get("exit_code") != 0:
+        yield Finding("host.gpu", "error", "host",
+                      f"no GPU driver answers: {str(gpu.get('error')).rstrip('.')}; check the driver / reboot "
+                      "after a driver update")
+        return
+    name = gpu.get("name") or "unknown GPU"
+    if "GB10" not in name:
+        yield Finding("host.gpu", "warning", "host",
+                      f"the GPU is {name}, not a GB10: this host is not a DGX Spark, and the recipes' "
+                      "memory figures assume a Spark's 128 GB of unified memory")
+    driver, wanted = _version(gpu.get("driver_version") or ""), _version(minimum)
+    if driver is not None and wanted is not None and driver < wanted:
+        yield Finding("host.gpu", "error", "host",
+                      f"driver {gpu['driver_version']} is older than {minimum}, which "
+                      f"{endpoint.recipe.name}'s image needs: update the NVIDIA driver and reboot")
+    yield from _gpu_health(name, gpu)
+
+
+def _gpu_health(name: str, gpu: dict[str, Any]) -> Iterator[Finding]:
+    temperature, power = gpu.get("temperature"), gpu.get("power_limit")
+    if temperature is not None and temperature >= TEMPERATURE_WARN:
+        yield Finding("host.temperature", "warning", "host",
+                      f"the GPU is at {temperature:g} °C before any load: check airflow and vents; "
+                      "a hot Spark throttles")
+    if power is not None and "GB10" in name and power < POWER_CAP_WARN_WATTS:
+        yield Finding("host.power", "warning", "host",
+                      f"the GPU's power limit is capped at {power:g} W: decode throughput drops; restore "
+                      "the default limit (`nvidia-smi -q -d POWER` shows it) with `nvidia-smi -pl`")
+
+
+def _memory(endpoint: Endpoint, facts: Facts) -> Iterator[Finding]:
+    """The recipe's memory rule against this host's MemTotal, then what is free right now."""
+    total, available = facts.get("mem_total"), facts.get("mem_available")
+    if not total:
+        return
+    flags = flag_set(endpoint.recipe.vllm_version)
+    for finding in memory_budget_for(total)(endpoint, flags):
+        yield replace(finding, rule="host.memory",
+                      message=f"this host has {gb(total)} (MemTotal): {finding.message}")
+    if available is None or facts.get("endpoint_state") in ENDPOINT_STATES:
+        return  # a running endpoint holds its own budget: low MemAvailable is expected then
+    try:
+        wanted = budget(endpoint, total).available
+    except (TypeError, ValueError):
+        return  # flag.number reports it
+    if available < wanted:
+        yield Finding("host.memory", "warning", "vllm_args.gpu-memory-utilization",
+                      f"only {gb(available)} is available now (MemAvailable) but vLLM asks for {gb(wanted)} "
+                      "at start-up: page cache or other processes hold unified memory and its start-up check "
+                      "fails (vllm #48140); run `sync; echo 3 > /proc/sys/vm/drop_caches` or stop what holds it")
+
+
+def _disk(endpoint: Endpoint, facts: Facts, checkpoint_bytes: int) -> Iterator[Finding]:
+    disk = facts.get("disk")
+    if not disk:
+        return
+    needed, have = disk_needed(checkpoint_bytes), disk["free"] + disk["staged"]
+    if have < needed:
+        staged = f" + {gb(disk['staged'])} already staged" if disk["staged"] else ""
+        yield Finding("host.disk", "error", "model_dir",
+                      f"not enough space on {disk['mount']} for {endpoint.weights_dir}: the weights need "
+                      f"{gb(needed)} with margin, {gb(disk['free'])} is free{staged}; free space or point "
+                      "model_dir at a larger local NVMe")
+
+
+def _port(endpoint: Endpoint, facts: Facts) -> Iterator[Finding]:
+    listener, port = facts.get("port_listener"), endpoint.config.vllm_port
+    if listener and facts.get("endpoint_state") not in ENDPOINT_STATES:
+        yield Finding("host.port", "error", "vllm_port",
+                      f"port {port} is already held by {listener} (not {UNIT}): stop it, or set vllm_port "
+                      "to a free port")
+
+
+def _dropins(endpoint: Endpoint, facts: Facts) -> Iterator[Finding]:
+    keys = set(facts.get("daemon_json_keys") or ())
+    written = {"runtimes"}  # what the deploy's docker_runtime step puts into daemon.json
+    written |= {"default-runtime"} if endpoint.config.nvidia_default_runtime else set()
+    written |= {"features"} if endpoint.config.nvidia_cdi else set()
+    for path, flags in facts.get("dropins", {}).items():
+        for flag in dict.fromkeys(flags):
+            key = flag_key(flag)
+            if key in keys | written:
+                where = "is in daemon.json" if key in keys else "is what sparkfleet writes into daemon.json"
+                yield Finding("host.dropin", "error", "host",
+                              f"dockerd refuses to start when a key is set both as a flag ({path}: {flag}) and "
+                              f"in daemon.json (deepops #305): `{key}` {where}; remove one")
+
+
+def host_findings(endpoint: Endpoint, facts: Facts, checkpoint_bytes: int | None = None) -> list[Finding]:
+    """Every host finding for `endpoint` on a host with `facts` (SparkFacts); `checkpoint_bytes` defaults
+    to the recipe's (pass `checkpoint_size(endpoint)`)."""
+    size = endpoint.recipe.model.checkpoint_bytes if checkpoint_bytes is None else checkpoint_bytes
+    return [
+        *_probe_errors(facts), *_platform(endpoint, facts), *_docker(facts), *_gpu(endpoint, facts),
+        *_memory(endpoint, facts), *_disk(endpoint, facts, size), *_port(endpoint, facts),
+        *_dropins(endpoint, facts),
+    ]
+
+
+def _budget_line(endpoint: Endpoint, facts: Facts) -> str:
+    total, available = facts.get("mem_total"), facts.get("mem_available")
+    if not total:
+        return "MemTotal unknown"
+    try:
+        found = budget(endpoint, total)
+    except (TypeError, ValueError):
+        return f"{gb(total)} MemTotal"
+    now = f", {gb(available)} available now" if available is not None else ""
+    return (f"budget {gb(found.total)} fits in {found.gpu_memory_utilization:g} x {gb(total)} MemTotal{now}")
+
+
+def host_summary(endpoint: Endpoint, facts: Facts, checkpoint_bytes: int) -> dict[str, str]:
+    """What each always-run check saw, for the `ok` rows of `sparkfleet doctor`."""
+    release, docker = facts.get("os") or {}, facts.get("docker") or {}
+    gpu, disk, port = facts.get("gpu") or {}, facts.get("disk") or {}, endpoint.config.vllm_port
+    architectures = ", ".join(endpoint.recipe.image_architectures)
+    return {
+        "host.arch": f"{facts.get('arch')}; {endpoint.image} is built for {architectures}",
+        "host.os": release.get("pretty_name", "unknown"),
+        "host.docker": f"Docker {docker.get('server')}",
+        "host.gpu": f"{gpu.get('name')}, driver {gpu.get('driver_version')} (needs {endpoint.recipe.min_driver})",
+        "host.memory": _budget_line(endpoint, facts),
+        "host.disk": f"{gb(disk.get('free', 0))} free on {disk.get('mount')}, {gb(disk.get('staged', 0))} "
+                     f"staged; the weights need {gb(disk_needed(checkpoint_bytes))} with margin",
+        "host.port": f"port {port} is served by {UNIT}" if facts.get("port_listener") else f"port {port} is free",
+        "host.dropin": "no docker.service.d flag collides with a daemon.json key",
+    }

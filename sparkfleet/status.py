@@ -1,0 +1,178 @@
+"""`sparkfleet status`: every targeted Spark's endpoint in one table, read over SSH, changing nothing.
+
+Each host runs the stdlib status reporter the deploy installed (sparkfleet/remote/status.py) through one
+pyinfra fact: one SSH round trip per host, all hosts at once. The inventory is loaded as the pyinfra CLI
+loads it (doctor.load_hosts), so `--limit` and `--data` mean what they mean there.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shlex
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from pyinfra.api import Host, State
+from pyinfra.api.exceptions import ConnectError, PyinfraError
+from pyinfra.api.facts import FactBase, get_fact
+from rich.console import Console
+from rich.table import Table
+
+from sparkfleet.deploys.health import STATUS as SCRIPT
+from sparkfleet.doctor import load_hosts
+
+MARKER = "SPARKFLEET-STATUS "  # the reporter's line prefix (remote/status.py MARKER)
+NOT_INSTALLED = {"installed": False}
+COLOURS = {"active": "green", "activating": "yellow", "reloading": "yellow", "failed": "bold red"}
+
+
+def extract(lines: Iterable[str]) -> dict[str, Any] | None:
+    """The reporter's JSON object from its marked line (the last one wins); None when there is none."""
+    for line in reversed(list(lines)):
+        if line.startswith(MARKER):
+            try:
+                data = json.loads(line[len(MARKER):])
+            except ValueError:
+                return None
+            return data if isinstance(data, dict) else None
+    return None
+
+
+class EndpointStatus(FactBase):
+    """The status reporter's JSON object; {"installed": false} where sparkfleet has not deployed it yet."""
+
+    def command(self, args: str) -> str:
+        missing = shlex.quote(MARKER + json.dumps(NOT_INSTALLED))
+        return f"if [ -f {SCRIPT} ]; then python3 {SCRIPT} {args}; else echo {missing}; fi"
+
+    def process(self, output: list[str]) -> dict[str, Any] | None:
+        return extract(output)
+
+
+@dataclass
+class Answer:
+    """One host's report, or why there is none (unreachable, not deployed, unreadable output)."""
+
+    host: str
+    status: dict[str, Any] | None = None
+    error: str | None = None
+    deployed: bool = True  # False: reachable, but the reporter is not installed yet
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"host": self.host, "error": self.error, **(self.status or {})}
+
+
+def read_status(state: State, host: Host, args: str) -> Answer:
+    try:
+        host.connect(show_errors=False, raise_exceptions=True)
+        status = get_fact(state, host, EndpointStatus, kwargs={"args": args}, apply_failed_hosts=False)
+    except (ConnectError, PyinfraError, OSError) as error:
+        return Answer(host.name, error=f"unreachable: cannot connect over SSH ({error or type(error).__name__})")
+    finally:
+        if host.connected:
+            host.disconnect()
+    if status is None:
+        return Answer(host.name, error=f"connected, but {SCRIPT} printed no report: run it there to see why")
+    if status == NOT_INSTALLED:
+        return Answer(host.name, error=f"{SCRIPT} is not installed: deploy this host first", deployed=False)
+    return Answer(host.name, status)
+
+
+def probe(state: State, hosts: list[Host], args_for: Callable[[Host], str] = lambda host: "") -> list[Answer]:
+    """Every host's report, read in parallel; `args_for` adds reporter arguments per host."""
+    greenlets = [state.pool.spawn(read_status, state, host, args_for(host)) for host in hosts]
+    state.pool.join()
+    return [greenlet.get() for greenlet in greenlets]
+
+
+def quiet_pyinfra() -> None:
+    """Keep pyinfra's and paramiko's SSH chatter (host keys, banner tracebacks) off stderr: each Answer says
+    what failed. Without handlers of their own, Python prints them through its last-resort handler.
+    """
+    for name in ("pyinfra", "paramiko"):
+        logging.getLogger(name).addHandler(logging.NullHandler())
+
+
+def collect(inventory: str, limits: Iterable[str] = (), data: Iterable[str] = ()) -> list[Answer]:
+    quiet_pyinfra()
+    state, hosts = load_hosts(inventory, limits, data)
+    return probe(state, hosts)
+
+
+# --- rendering -----------------------------------------------------------------------------------------
+
+COLUMNS = ("host", "endpoint", "uptime", "restarts", "model", "served name", "running", "waiting", "KV cache",
+           "MTP accept", "health", "last alert")
+NUMBERS = ("uptime", "restarts", "running", "waiting", "KV cache", "MTP accept")
+
+
+def duration(seconds: float | None) -> str:
+    """Two units at most: 42s, 5m 03s, 3h 12m, 2d 04h."""
+    if seconds is None:
+        return "-"
+    total = int(seconds)
+    days, rest = divmod(total, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d {hours:02d}h"
+    if hours:
+        return f"{hours}h {minutes:02d}m"
+    return f"{minutes}m {secs:02d}s" if minutes else f"{secs}s"
+
+
+def percent(value: float | None) -> str:
+    return "-" if value is None else f"{value * 100:.1f}%"
+
+
+def text(value: object) -> str:
+    return "-" if value is None else str(value)
+
+
+def last_alert(alert: dict[str, Any] | None) -> str:
+    """When and why the checker last alerted (the cause key, e.g. `crashloop/cutlass`)."""
+    if not alert:
+        return "-"
+    return f"{alert.get('time') or '?'} {alert.get('cause') or alert.get('diagnosis') or ''}".strip()
+
+
+def endpoint_state(status: dict[str, Any]) -> str:
+    state, sub = status.get("state"), status.get("sub_state")
+    if state is None:
+        return "-"
+    word = f"{state}/{sub}" if sub else state
+    colour = COLOURS.get(state)
+    return f"[{colour}]{word}[/]" if colour else word
+
+
+def row(answer: Answer) -> list[str]:
+    if answer.status is None:
+        return [answer.host, "[bold red]no answer[/]", *("" for _ in COLUMNS[2:])]
+    s = answer.status
+    health = (s.get("last_result") or {}).get("state")
+    return [
+        answer.host, endpoint_state(s), duration(s.get("uptime_seconds")), text(s.get("restarts")),
+        text(s.get("model")), text(s.get("served_name")), text(s.get("requests_running")),
+        text(s.get("requests_waiting")), percent(s.get("kv_cache_usage")), percent(s.get("mtp_acceptance")),
+        text(health), last_alert(s.get("last_alert")),
+    ]
+
+
+def render(answers: list[Answer], console: Console) -> None:
+    """The table, then why each host without an answer has none (too long for a cell)."""
+    table = Table(title="sparkfleet status", title_justify="left")
+    for column in COLUMNS:
+        table.add_column(column, no_wrap=column == "host", justify="right" if column in NUMBERS else "left")
+    for answer in answers:
+        table.add_row(*row(answer))
+    console.print(table)
+    for answer in answers:
+        if answer.error:
+            console.print(f"[bold red]{answer.host}[/]: {answer.error}", highlight=False)
+
+
+def exit_code(answers: list[Answer]) -> int:
+    """0 when every targeted host answered, 1 otherwise (and when no host matched)."""
+    return 0 if answers and all(answer.status is not None for answer in answers) else 1

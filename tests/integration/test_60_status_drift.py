@@ -1,0 +1,116 @@
+"""`sparkfleet status` and `sparkfleet drift` on the lab: every host shown, a converged fleet reads clean, an
+injected drift is named by host and item until a deploy repairs it."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.integration.conftest import INVENTORY, Run, on_host, pyinfra
+from tests.lab import LAB_DIR, REPO, fleet
+
+DAEMON_JSON = "/etc/docker/daemon.json"
+RUNTIME_OP = "Register the nvidia runtime in daemon.json, keeping every other key"
+SETTLE_SECONDS = 300  # a dockerd restart stops the endpoint: systemd restarts it after 30 s, then it loads
+
+
+def sparkfleet(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "sparkfleet", *args, INVENTORY], cwd=REPO, capture_output=True,
+                          text=True, env={**os.environ, "COLUMNS": "250"})
+
+
+def drift_settles(expected: int) -> subprocess.CompletedProcess[str]:
+    """Run drift until it gives `expected` (an endpoint restarted by a repair reads unhealthy until it loads)."""
+    deadline = time.monotonic() + SETTLE_SECONDS
+    while True:
+        result = sparkfleet("drift")
+        if result.returncode == expected or time.monotonic() > deadline:
+            return result
+        time.sleep(10)
+
+
+@pytest.fixture
+def spark01(lab: fleet.LabState, deployed: Run) -> fleet.LabHost:
+    """The host these tests change (test_30 changes spark-02, test_50 spark-03)."""
+    return next(h for h in lab.hosts if h.name == "spark-01")
+
+
+def _complete(host: fleet.LabHost, served_name: str) -> None:
+    """One small completion, so the MTP counters have drafts to count."""
+    key = (LAB_DIR / "secrets" / "vllm_api_key").read_text().strip()
+    body = json.dumps({"model": served_name, "prompt": "Say hello to the fleet.", "max_tokens": 16})
+    on_host(host.container, f"curl -sf -H 'Authorization: Bearer {key}' -H 'Content-Type: application/json' "
+                            f"-d {shlex.quote(body)} http://127.0.0.1:8000/v1/completions")
+
+
+def test_status_shows_every_host(lab: fleet.LabState, deployed: Run) -> None:
+    first = sparkfleet("status", "--json")
+    served = {row["host"]: row["served_name"] for row in json.loads(first.stdout)}
+    for host in lab.hosts:
+        if host.arch == "amd64":
+            _complete(host, served[host.name])
+    result = sparkfleet("status", "--json")
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = {row["host"]: row for row in json.loads(result.stdout)}
+    assert sorted(rows) == sorted(h.name for h in lab.hosts)
+    for host in lab.hosts:
+        row = rows[host.name]
+        assert row["error"] is None and row["served_name"] == "nvidia/Qwen3.6-35B-A3B-NVFP4", row
+        if host.arch == "amd64":
+            assert (row["state"], row["sub_state"]) == ("active", "running"), row
+            assert row["model"] == row["served_name"] and row["image"].startswith("vllm/vllm-openai:")
+            assert row["uptime_seconds"] > 0 and isinstance(row["restarts"], int)
+            assert (row["requests_running"], row["requests_waiting"]) == (0, 0)
+            assert 0 <= row["kv_cache_usage"] <= 1
+            assert 0.5 < row["mtp_acceptance"] <= 1  # the stand-in accepts 80 % of drafts
+            assert row["last_result"]["state"] == "healthy"
+        else:  # emulated: staged, never started
+            assert (row["state"], row["uptime_seconds"], row["image"], row["metrics"]) == ("inactive", None, None,
+                                                                                          False), row
+            assert row["requests_running"] is row["kv_cache_usage"] is row["mtp_acceptance"] is None
+    table = sparkfleet("status")
+    assert table.returncode == 0, table.stderr
+    assert all(host.name in table.stdout for host in lab.hosts)
+    assert table.stdout.count("active/running") == sum(h.arch == "amd64" for h in lab.hosts)
+
+
+def test_drift_is_one_quiet_line_after_a_deploy(lab: fleet.LabState, deployed: Run) -> None:
+    result = drift_settles(0)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (result.stdout, result.stderr) == (f"converged: {len(lab.hosts)} hosts\n", "")
+
+
+def test_drift_names_a_removed_runtime_until_a_deploy_restores_it(lab: fleet.LabState,
+                                                                  spark01: fleet.LabHost) -> None:
+    assert drift_settles(0).returncode == 0
+    daemon = json.loads(on_host(spark01.container, f"cat {DAEMON_JSON}"))
+    del daemon["runtimes"]["nvidia"]
+    on_host(spark01.container, f"echo {shlex.quote(json.dumps(daemon, indent=4))} > {DAEMON_JSON}")
+    try:
+        result = sparkfleet("drift")
+        assert result.returncode == 2, result.stdout + result.stderr
+        assert result.stdout.splitlines() == [f"spark-01: would change: {RUNTIME_OP}"]
+        report = json.loads(sparkfleet("drift", "--json").stdout)
+        assert report["status"] == "drifted"
+        hosts = {host["host"]: host for host in report["hosts"]}
+        assert hosts["spark-01"]["changes"] == [RUNTIME_OP]
+        assert "Restart dockerd to load the new daemon.json" in hosts["spark-01"]["follow_ups"]
+        assert hosts["spark-01"]["facts"]["nvidia_runtime"] == {"daemon_json": False, "dockerd": True}
+        assert all(not host["changes"] and not host["drift"] for name, host in hosts.items() if name != "spark-01")
+    finally:
+        pyinfra("deploy.py")
+    result = drift_settles(0)
+    assert (result.returncode, result.stdout) == (0, f"converged: {len(lab.hosts)} hosts\n"), result.stderr
+
+
+def test_drift_reports_an_unreachable_host_as_an_error(spark01: fleet.LabHost) -> None:
+    result = sparkfleet("drift", "--limit", "spark-01", "--data", "ssh_port=1")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "spark-01: error: unreachable: cannot connect over SSH" in result.stderr
+    assert result.stdout == ""
