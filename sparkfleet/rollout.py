@@ -7,19 +7,23 @@ Each phase is a plain `pyinfra` run (`--limit` to the batch), so what runs is ex
 
 from __future__ import annotations
 
-import shlex
+import argparse
+import json
+import re
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from sparkfleet.deploys.health import CHECKER, CONFIG, STATE_DIR
+from sparkfleet.deploys.health import CONFIG, STATE_DIR, wait_command
 from sparkfleet.endpoint import ENV_FILE, UNIT
 
 DEPLOY = str(Path(__file__).resolve().parents[1] / "deploy.py")
 KNOWN_GOOD = "/var/lib/sparkfleet/known-good"
 KEPT = (f"/etc/systemd/system/{UNIT}.service", ENV_FILE, CONFIG)
 MARKER = "SPARKFLEET-GATE "
+PHASE = "sparkfleet_phase"
 
 
 @dataclass
@@ -64,7 +68,8 @@ def snapshot_command() -> str:
     """Keep the running configuration as last known-good, but only while the endpoint is healthy."""
     files = " ".join(KEPT)
     return (
-        f"if systemctl is-active -q {UNIT} && grep -q '\"state\": \"healthy\"' {STATE_DIR}/state.json; then "
+        f"if systemctl is-active -q {UNIT} && python3 -c \"import json,sys; "
+        f"sys.exit(json.load(open('{STATE_DIR}/state.json'))['last_result']['state'] != 'healthy')\"; then "
         f"mkdir -p -m 700 {KNOWN_GOOD} && cp -p {files} {KNOWN_GOOD}/ && echo {MARKER}saved; "
         f"else echo {MARKER}none; fi"
     )
@@ -78,32 +83,131 @@ def restore_command() -> str:
 
 
 def gate_command(timeout: int) -> str:
-    """Run the real health check until healthy, or until the unit gives up or the load window ends."""
-    check = (f"systemd-run --quiet --wait --pipe --collect -p EnvironmentFile=-{ENV_FILE} "
-             f"/usr/bin/python3 {CHECKER} --config {CONFIG} --json 2>/dev/null")
-    return (
-        f"end=$(( $(date +%s) + {timeout} )); while :; do out=$({check}); "
-        "state=$(printf '%s' \"$out\" | python3 -c 'import json,sys; print(json.load(sys.stdin)[\"state\"])' "
-        "2>/dev/null); "
-        f"if [ \"$state\" = healthy ]; then echo {MARKER}healthy; exit 0; fi; "
-        "if [ \"$state\" = unhealthy ] && [ $(date +%s) -ge $end ] || "
-        f"systemctl -q is-failed {UNIT}; then "
-        "printf '%s' \"$out\" | python3 -c 'import json,sys; d=json.load(sys.stdin); "
-        f"print(\"{MARKER}\" + (d.get(\"diagnosis\") or d[\"state\"]))'; exit 1; fi; "
-        "[ $(date +%s) -ge $end ] && { echo " + shlex.quote(MARKER + "timed out") + "; exit 1; }; sleep 5; done"
-    )
+    """The health checker's wait mode; one marker line per host carries its exit code and last verdict."""
+    return (f"out=$({wait_command(timeout)} 2>&1); rc=$?; "
+            f"echo \"{MARKER}$rc $(printf '%s' \"$out\" | tail -n 1)\"; exit $rc")
 
 
-def gate_lines(output: str) -> dict[str, str]:
-    """Per-host gate verdicts from pyinfra exec output (`[host] ... SPARKFLEET-GATE verdict`)."""
+def gate_lines(output: str) -> dict[str, tuple[bool, str]]:
+    """Per-host (healthy, verdict) from pyinfra exec output lines `[host] SPARKFLEET-GATE rc verdict`."""
     verdicts = {}
     for line in output.splitlines():
         if MARKER in line and line.lstrip().startswith("["):
             host = line.split("]", 1)[0].strip().lstrip("[")
-            verdicts[host] = line.split(MARKER, 1)[1].strip()
+            code, _, verdict = line.split(MARKER, 1)[1].partition(" ")
+            verdicts[host] = (code == "0", re.sub(r"^<\d>", "", verdict.strip()))
     return verdicts
 
 
-def _exec(inventory: str, hosts: list[str], command: str) -> tuple[int, dict[str, str]]:
-    result = _pyinfra(inventory, ["exec", "--", "sh", "-c", command], hosts, [])
-    return result.returncode, gate_lines(result.stdout + result.stderr)
+def _exec(inventory: str, hosts: list[str], command: str) -> dict[str, tuple[bool, str]]:
+    result = _pyinfra(inventory, ["exec", "--", command], hosts, [])
+    verdicts = gate_lines(result.stdout + result.stderr)
+    return {host: verdicts.get(host, (False, "no answer (host unreachable?)")) for host in hosts}
+
+
+def _gate(inventory: str, hosts: list[str], timeout: int) -> dict[str, tuple[bool, str]]:
+    return _exec(inventory, hosts, gate_command(timeout)) if hosts else {}
+
+
+def _tail(output: str) -> str:
+    """The last error pyinfra reported, for a batch whose deploy itself failed."""
+    errors = [line.strip() for line in output.splitlines() if "Error" in line or "error" in line]
+    return errors[-1] if errors else "the deploy failed"
+
+
+def run(inventory: str, hosts: list[str], serving: set[str], data: list[str], canary: int, batch: int,
+        timeout: int, say: Callable[[str], None]) -> Rollout:
+    """Stage everywhere, then each batch: snapshot, deploy, gate; on a bad batch roll it back and stop."""
+    plan = Rollout(plan_batches(hosts, canary, batch))
+    for number, members in enumerate(plan.batches):
+        for host in members:
+            plan.results[host] = HostResult(host, number)
+    say(f"staging weights and images on {len(hosts)} hosts (no restart)")
+    stage = _pyinfra(inventory, [DEPLOY], hosts, [*data, f"{PHASE}=stage"])
+    if stage.returncode != 0:
+        plan.failed_batch = -1
+        for result in plan.results.values():
+            result.outcome, result.diagnosis = "skipped", "staging failed: " + _tail(stage.stdout + stage.stderr)
+        return plan
+    for number, members in enumerate(plan.batches):
+        say(f"batch {number + 1}/{len(plan.batches)}: {', '.join(members)}")
+        _exec(inventory, members, snapshot_command())
+        deploy = _pyinfra(inventory, [DEPLOY], members, data)
+        verdicts = _gate(inventory, [h for h in members if h in serving], timeout)
+        sick = {h: v for h, (ok, v) in verdicts.items() if not ok}
+        if deploy.returncode == 0 and not sick:
+            for host in members:
+                plan.results[host].outcome = "updated"
+                plan.results[host].diagnosis = verdicts.get(host, (True, "installed (vllm_start is false)"))[1]
+            continue
+        plan.failed_batch = number
+        _roll_back(plan, inventory, members, serving, sick, _tail(deploy.stdout + deploy.stderr), timeout, say)
+        for later in plan.batches[number + 1:]:
+            for host in later:
+                plan.results[host].outcome = "skipped"
+        break
+    return plan
+
+
+def _roll_back(plan: Rollout, inventory: str, members: list[str], serving: set[str], sick: dict[str, str],
+               deploy_error: str, timeout: int, say: Callable[[str], None]) -> None:
+    """Restore the batch's known-good unit, env file and health config, then gate it again."""
+    for host in members:
+        plan.results[host].diagnosis = sick.get(host, deploy_error)
+    say(f"batch {plan.failed_batch + 1} failed; restoring its last known-good configuration")
+    _exec(inventory, members, restore_command())
+    verdicts = _gate(inventory, [h for h in members if h in serving], timeout)
+    for host in members:
+        healthy, verdict = verdicts.get(host, (True, ""))
+        plan.results[host].outcome = "rolled-back" if healthy else "rollback-failed"
+        if not healthy:
+            plan.results[host].diagnosis += f"; after rollback: {verdict}"
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    rollout = commands.add_parser(
+        "rollout", help="deploy batch by batch behind health gates, rolling back a failed batch",
+        description="Stage weights and images on every targeted host, then deploy a canary batch and further "
+        "batches in inventory order, each gated on health; stop and roll back at the first failed batch.")
+    rollout.add_argument("inventory", help="pyinfra inventory file, e.g. inventory/sparks.py")
+    rollout.add_argument("--batch", type=int, default=1, help="hosts per batch after the canary (default 1)")
+    rollout.add_argument("--canary", type=int, default=1, help="hosts in the first batch (default 1)")
+    rollout.add_argument("--limit", action="append", default=[],
+                         help="group, host name or glob (repeatable, or comma-separated), as with pyinfra")
+    rollout.add_argument("--data", action="append", default=[], metavar="KEY=VALUE",
+                         help="override inventory data as pyinfra does (values parse as JSON when they can)")
+    rollout.add_argument("--json", action="store_true", help="print the outcome as JSON")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Validate first (bad inventory changes nothing), then roll out; exit 1 when any batch failed."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from sparkfleet.doctor import load_hosts
+    from sparkfleet.fleet import FleetError, load_fleet
+
+    console = Console(stderr=args.json)
+    _, hosts = load_hosts(args.inventory, args.limit, args.data)
+    try:
+        endpoints, _ = load_fleet({host.name: host.data.dict() for host in hosts})
+    except FleetError as error:
+        console.print(f"[red]{error}[/red]")
+        return 1
+    names = [host.name for host in hosts]
+    serving = {name for name, spark in endpoints.items() if spark.config.vllm_start}
+    timeout = max(spark.recipe.load_timeout_seconds for spark in endpoints.values())
+    plan = run(args.inventory, names, serving, args.data, args.canary, args.batch, timeout,
+               lambda line: console.print(f"rollout: {line}"))
+    if args.json:
+        sys.stdout.write(json.dumps(plan.as_json(), indent=2) + "\n")
+    else:
+        table = Table(title="sparkfleet rollout")
+        for column in ("batch", "host", "outcome", "health / diagnosis"):
+            table.add_column(column)
+        styles = {"updated": "green", "rolled-back": "yellow", "skipped": "dim"}
+        for result in plan.results.values():
+            style = styles.get(result.outcome, "red")
+            table.add_row(str(result.batch + 1), result.host, f"[{style}]{result.outcome}[/{style}]", result.diagnosis)
+        console.print(table)
+    return 0 if plan.failed_batch is None else 1

@@ -45,7 +45,9 @@ def _inventory(path: str) -> dict[str, dict]:
 
 
 def _ssh_config(hosts: dict[str, dict], path: Path) -> None:
-    lines = []
+    # One SSH connection per host for the whole suite, instead of one per check.
+    lines = ["Host *", "  ControlMaster auto", f"  ControlPath {path.parent}/sparkfleet-verify-%C",
+             "  ControlPersist 120"]
     for name, data in hosts.items():
         lines += [f"Host {name}", f"  HostName {data.get('ssh_hostname') or name}",
                   f"  Port {data.get('ssh_port') or 22}", f"  User {data.get('ssh_user') or 'root'}"]

@@ -105,7 +105,7 @@ def test_container_runs_recipe_flags(spark: Spark) -> None:
     args = json.loads(spark.host.check_output(f"docker inspect -f '{{{{json .Args}}}}' {CONTAINER}"))
     for name, value in spark.endpoint.args.items():
         assert f"--{name}" in args or (value is False and f"--no-{name}" in args), name
-    assert spark.endpoint.container_model_path == args[0]
+    assert args[args.index(spark.endpoint.container_model_path) - 1] == "serve"  # `vllm serve MODEL`
 
 
 def test_health_timer_active_with_passing_run(spark: Spark) -> None:
