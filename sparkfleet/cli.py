@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from sparkfleet import rollout
 from sparkfleet.docs import variables_table
 
 
@@ -83,7 +84,10 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("vars", help="print README's table of inventory variables")
     _doctor_parser(commands)
     _read_only_parsers(commands)
+    rollout.add_parser(commands)
     args = parser.parse_args(argv)
+    if args.command == "rollout":
+        return rollout.main(args)
     if args.command == "doctor":
         return _doctor(args)
     if args.command == "status":

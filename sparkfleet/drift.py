@@ -93,7 +93,9 @@ def pyinfra_message(stderr: str) -> list[str]:
 
 
 def dry_run_command(inventory: str, limits: Iterable[str], data: Iterable[str]) -> list[str]:
-    command = [PYINFRA, "-y", "--dry", "--json"]
+    """Never with `-y`: it turns pyinfra's change detection off, and the plan then lists only the operations
+    the deploy itself asked `will_change` about. `--json` never prompts."""
+    command = [PYINFRA, "--dry", "--json"]
     for pattern in split_limits(limits):
         command += ["--limit", pattern]
     for item in data:

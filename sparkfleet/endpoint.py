@@ -14,6 +14,8 @@ CONTAINER = "sparkfleet-vllm"
 ETC = "/etc/sparkfleet"
 ENV_FILE = f"{ETC}/vllm.env"
 MODEL_MOUNT = "/models"
+MANIFEST = ".sparkfleet-manifest.json"  # written by stage_weights.py once every file is verified
+LOADED_WEIGHTS = "/run/sparkfleet/loaded-weights.json"  # the manifest the running endpoint started with
 
 
 @dataclass(frozen=True)

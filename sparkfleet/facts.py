@@ -97,3 +97,20 @@ class WeightsCheck(FactBase):
 
     def process(self, output: list[str]) -> dict:
         return json.loads("\n".join(output))
+
+
+class WeightsLoaded(FactBase):
+    """Whether the running endpoint started on the weights now staged: "same", "differs" or "unknown".
+
+    The unit copies the staging manifest to /run when it starts, so weights staged by an earlier run
+    (rollout's stage phase) still restart the endpoint when its batch comes.
+    """
+
+    def command(self, manifest: str, loaded: str) -> StringCommand:
+        return StringCommand(
+            "if [ ! -f", QuoteString(loaded), "]; then echo unknown; elif cmp -s", QuoteString(manifest),
+            QuoteString(loaded), "; then echo same; else echo differs; fi",
+        )
+
+    def process(self, output: list[str]) -> str:
+        return output[0].strip() if output else "unknown"

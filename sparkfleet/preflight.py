@@ -16,7 +16,7 @@ from typing import Any
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
-from sparkfleet.endpoint import UNIT, Endpoint
+from sparkfleet.endpoint import CONTAINER, UNIT, Endpoint
 from sparkfleet.manifest import SKIP
 from sparkfleet.memory import budget, gb
 from sparkfleet.rules import Finding, memory_budget_for
@@ -29,7 +29,7 @@ DISK_MARGIN_MIN = 5 * GB
 TEMPERATURE_WARN = 85.0  # °C before any load: GB10 throttles in the low 90s
 # GB10's SoC is rated 140 W; a cap well below it (nvidia-smi -pl) throttles decode. GB10 reports [N/A].
 POWER_CAP_WARN_WATTS = 100.0
-ENDPOINT_STATES = ("active", "activating", "reloading", "deactivating")  # the unit holds the port
+ENDPOINT_STATES = ("active", "activating", "reloading", "deactivating")  # the unit holds its memory
 DAEMON_JSON = "/etc/docker/daemon.json"
 # dockerd flags whose daemon.json key is not the long flag name without its dashes (dockerd's own mapping).
 FLAG_KEYS = {
@@ -54,7 +54,7 @@ class SparkFacts(FactBase):
     def command(self, weights_dir: str, port: int) -> StringCommand:
         source = HOST_FACTS_SCRIPT.read_text()
         return StringCommand("python3", "-c", QuoteString(source), QuoteString(weights_dir), str(port),
-                             f"{UNIT}.service")
+                             f"{UNIT}.service", CONTAINER)
 
     def process(self, output: list[str]) -> Facts:
         facts = json.loads("\n".join(output))
@@ -238,9 +238,15 @@ def _disk(endpoint: Endpoint, facts: Facts, checkpoint_bytes: int) -> Iterator[F
                       "model_dir at a larger local NVMe")
 
 
+def _port_is_ours(facts: Facts) -> bool:
+    """The listener runs in our endpoint's container; when it could not be named, trust the unit's state."""
+    ours = facts.get("port_ours")
+    return facts.get("endpoint_state") in ENDPOINT_STATES if ours is None else ours
+
+
 def _port(endpoint: Endpoint, facts: Facts) -> Iterator[Finding]:
     listener, port = facts.get("port_listener"), endpoint.config.vllm_port
-    if listener and facts.get("endpoint_state") not in ENDPOINT_STATES:
+    if listener and not _port_is_ours(facts):
         yield Finding("host.port", "error", "vllm_port",
                       f"port {port} is already held by {listener} (not {UNIT}): stop it, or set vllm_port "
                       "to a free port")

@@ -145,6 +145,7 @@ def run(inventory: str, hosts: list[str], serving: set[str], data: list[str], ca
         for later in plan.batches[number + 1:]:
             for host in later:
                 plan.results[host].outcome = "skipped"
+                plan.results[host].diagnosis = f"not touched: batch {number + 1} failed"
         break
     return plan
 
@@ -187,7 +188,7 @@ def main(args: argparse.Namespace) -> int:
     from sparkfleet.doctor import load_hosts
     from sparkfleet.fleet import FleetError, load_fleet
 
-    console = Console(stderr=args.json)
+    console = Console(stderr=args.json, width=None if sys.stdout.isatty() else 140)
     _, hosts = load_hosts(args.inventory, args.limit, args.data)
     try:
         endpoints, _ = load_fleet({host.name: host.data.dict() for host in hosts})

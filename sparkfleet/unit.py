@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from sparkfleet.endpoint import CONTAINER, ENV_FILE, Endpoint
+from sparkfleet.endpoint import CONTAINER, ENV_FILE, LOADED_WEIGHTS, MANIFEST, Endpoint
 from sparkfleet.vllm_flags import flag_set, to_argv
 
 SAFE = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
@@ -33,6 +33,8 @@ class UnitView:
     served_name: str
     vllm_args: list[str]  # one quoted `--flag [value]` per line
     load_timeout: int
+    manifest: str
+    loaded_weights: str
 
     @classmethod
     def of(cls, spark: Endpoint) -> UnitView:
@@ -43,6 +45,7 @@ class UnitView:
             weights_dir=systemd_quote(spark.weights_dir), model_path=systemd_quote(spark.container_model_path),
             port=spark.config.vllm_port, served_name=systemd_quote(spark.served_name),
             vllm_args=_lines(argv), load_timeout=spark.recipe.load_timeout_seconds,
+            manifest=systemd_quote(f"{spark.weights_dir}/{MANIFEST}"), loaded_weights=LOADED_WEIGHTS,
         )
 
 

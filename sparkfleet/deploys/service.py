@@ -9,8 +9,9 @@ from pyinfra.api import deploy
 from pyinfra.operations import files, systemd
 
 from sparkfleet import secrets
-from sparkfleet.deploys.context import TEMPLATES, activations, changed, restart_triggers, staging_only, will_change
-from sparkfleet.endpoint import ENV_FILE, ETC, UNIT, Endpoint
+from sparkfleet.deploys.context import TEMPLATES, activations, restart_triggers, staging_only, will_change
+from sparkfleet.endpoint import ENV_FILE, ETC, LOADED_WEIGHTS, MANIFEST, UNIT, Endpoint
+from sparkfleet.facts import WeightsLoaded
 from sparkfleet.operations import image_pulled
 from sparkfleet.unit import UnitView
 
@@ -57,8 +58,11 @@ def install_service(spark: Endpoint) -> None:
         return
     start = systemd.service(name=f"Enable and start {UNIT}", service=f"{UNIT}.service", running=True, enabled=True)
     activations[spark.host].append(start)
-    if not will_change(start) and will_change(*triggers):
+    # Weights staged by an earlier run (rollout's stage phase) count too: the endpoint still runs the old ones.
+    loaded = host.get_fact(WeightsLoaded, manifest=f"{spark.weights_dir}/{MANIFEST}", loaded=LOADED_WEIGHTS)
+    if not will_change(start) and (will_change(*triggers) or loaded == "differs"):
         activations[spark.host].append(systemd.service(
             name=f"Restart {UNIT} because its unit, secrets, image or weights changed",
-            service=f"{UNIT}.service", restarted=True, _if=changed(*triggers),
+            service=f"{UNIT}.service", restarted=True,
+            _if=lambda: loaded == "differs" or any(op.did_change() for op in triggers),
         ))

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Read-only facts about a Spark for sparkfleet's preflight, printed as one JSON object.
 
-The controller sends this file's text as `python3 -c SOURCE WEIGHTS_DIR PORT UNIT`: nothing is installed on
+The controller sends this file's text as `python3 -c SOURCE WEIGHTS_DIR PORT UNIT CONTAINER`: nothing is installed on
 the host, and the whole preflight is one SSH round trip. Stdlib only: it runs on DGX OS's bare python3. Each
 probe reports null (and its error under `probe_errors`) rather than failing: the controller decides what a
 missing value means.
@@ -26,7 +26,7 @@ GPU_FIELDS = ("name", "driver_version", "power.limit", "temperature.gpu")
 DROPIN_DIRS = ("/run/systemd/system/docker.service.d", "/etc/systemd/system/docker.service.d")
 DAEMON_JSON = "/etc/docker/daemon.json"
 TIMEOUT = 20  # seconds: a wedged driver can hang nvidia-smi for minutes
-_USERS = re.compile(r'users:\(\("([^"]+)"')
+_USERS = re.compile(r'users:\(\("([^"]+)",pid=(\d+)')
 TCP_LISTEN = "0A"
 
 
@@ -124,26 +124,39 @@ def disk(weights_dir: str) -> dict[str, Any]:
             "staged": staged_bytes(Path(weights_dir))}
 
 
-def _proc_net_listener(port: int) -> str | None:
-    """Without `ss`: is anything listening on the port? The process is not named there."""
+def _proc_net_listening(port: int) -> bool:
+    """Without `ss`: is anything listening on the port? (The process is not named there.)"""
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         for line in Path(table).read_text().splitlines()[1:]:
             fields = line.split()
             if fields[3] == TCP_LISTEN and int(fields[1].rsplit(":", 1)[1], 16) == port:
-                return "unknown"
-    return None
+                return True
+    return False
 
 
-def port_listener(port: int) -> str | None:
-    """The process listening on the TCP port ("unknown" when it cannot be named), None when free."""
+def _in_container(pid: str, container: str) -> bool:
+    """Whether a process runs in the named container: its cgroup path holds the container's id."""
+    result = run("docker", "inspect", "-f", "{{.Id}}", container)
+    if result is None or result[0] != 0:
+        return False  # no such container: the listener cannot be ours
+    container_id = result[1].strip()
+    return bool(container_id) and container_id in Path(f"/proc/{pid}/cgroup").read_text()
+
+
+def port_listener(port: int, container: str) -> dict[str, Any]:
+    """Who listens on the TCP port: {"port_listener": process name ("unknown" when it cannot be named) or
+    None when free, "port_ours": whether it is our endpoint's container (None when unknown)}."""
     result = run("ss", "-Hltnp", "sport", "=", f":{port}")
     if result is None or result[0] != 0:
-        return _proc_net_listener(port)
+        listening = _proc_net_listening(port)
+        return {"port_listener": "unknown" if listening else None, "port_ours": None if listening else False}
     lines = [line for line in result[1].splitlines() if line.strip()]
     if not lines:
-        return None
+        return {"port_listener": None, "port_ours": False}
     match = _USERS.search(lines[0])
-    return match.group(1) if match else "unknown"
+    if match is None:
+        return {"port_listener": "unknown", "port_ours": None}
+    return {"port_listener": match.group(1), "port_ours": _in_container(match.group(2), container)}
 
 
 def unit_state(unit: str) -> str | None:
@@ -172,22 +185,22 @@ def daemon_json() -> dict[str, Any]:
     return {"daemon_json_keys": sorted(data), "daemon_json_error": None}
 
 
-def gather(weights_dir: str, port: int, unit: str) -> dict[str, Any]:
+def gather(weights_dir: str, port: int, unit: str, container: str) -> dict[str, Any]:
     os.environ["PATH"] = os.environ.get("PATH", "") + ":/usr/sbin:/sbin:/usr/bin:/bin"
     # Probes named like a fact give its value; the others give several facts at once.
     probes: dict[str, Callable[[], Any]] = {
         "arch": arch, "os": os_release, "docker": docker, "gpu": gpu, "memory": meminfo,
-        "disk": lambda: disk(weights_dir), "port_listener": lambda: port_listener(port),
+        "disk": lambda: disk(weights_dir), "port": lambda: port_listener(port, container),
         "endpoint_state": lambda: unit_state(unit), "dropin_texts": dropins, "daemon": daemon_json,
     }
     facts: dict[str, Any] = {"probe_errors": {}}
     for name, probe in probes.items():
         try:
             value = probe()
-        except Exception as error:  # noqa: BLE001 - a broken probe must not hide the others
+        except Exception as error:  # a broken probe must not hide the others
             facts["probe_errors"][name] = f"{type(error).__name__}: {error}"
             continue
-        if name in ("memory", "daemon"):
+        if name in ("memory", "port", "daemon"):
             facts.update(value)
         else:
             facts[name] = value
@@ -195,4 +208,4 @@ def gather(weights_dir: str, port: int, unit: str) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    print(json.dumps(gather(sys.argv[1], int(sys.argv[2]), sys.argv[3])))
+    print(json.dumps(gather(sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4])))

@@ -46,7 +46,7 @@ def facts(**changes: object) -> dict:
                 "power_limit": None, "temperature": 42.0},
         "mem_total": 128 * GB, "mem_available": 120 * GB,
         "disk": {"path": "/var/lib/sparkfleet/models", "mount": "/", "free": 500 * GB, "staged": 0},
-        "port_listener": None, "endpoint_state": "inactive", "dropins": {}, "daemon_json_keys": [],
+        "port_listener": None, "port_ours": False, "endpoint_state": "inactive", "dropins": {}, "daemon_json_keys": [],
         "daemon_json_error": None,
     }
     return healthy | changes
@@ -226,19 +226,20 @@ def test_checkpoint_size_of_a_controller_directory_is_its_files(tmp_path: Path) 
 # --- port -----------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("listener", "state", "refused"), [
-    (None, "inactive", False),
-    ("vllm", "active", False),          # our endpoint, running
-    ("python3", "activating", False),   # our endpoint, restarting
-    ("nginx", "inactive", True),
-    ("docker-proxy", "failed", True),
+@pytest.mark.parametrize(("listener", "ours", "state", "refused"), [
+    (None, False, "inactive", False),
+    ("vllm", True, "active", False),            # our endpoint's container
+    ("python3", False, "active", True),         # ours runs, but on another port: this one is someone else's
+    ("nginx", False, "inactive", True),
+    ("unknown", None, "activating", False),     # the listener could not be named: the unit's state decides
+    ("unknown", None, "failed", True),
 ])
-def test_port_is_free_or_ours(listener: str | None, state: str, refused: bool) -> None:
-    found = findings("host.port", facts(port_listener=listener, endpoint_state=state))
+def test_port_is_free_or_ours(listener: str | None, ours: bool | None, state: str, refused: bool) -> None:
+    found = findings("host.port", facts(port_listener=listener, port_ours=ours, endpoint_state=state))
     assert len(found) == refused
     if refused:
         assert (found[0].severity, found[0].field) == ("error", "vllm_port")
-        assert f"port 8000 is already held by {listener}" in found[0].message
+        assert f"port 8000 is already held by {listener} (not sparkfleet-vllm)" in found[0].message
 
 
 # --- docker.service.d drop-ins --------------------------------------------------------------------------
@@ -302,7 +303,7 @@ def test_probe_errors_are_warnings() -> None:
 def test_fact_sends_the_script_with_its_arguments() -> None:
     command = SparkFacts().command(weights_dir="/srv/my models/x", port=8001).get_raw_value()
     assert command.startswith("python3 -c '")
-    assert command.endswith(" '/srv/my models/x' 8001 sparkfleet-vllm.service")
+    assert command.endswith(" '/srv/my models/x' 8001 sparkfleet-vllm.service sparkfleet-vllm")
 
 
 def test_fact_parses_the_json_and_the_dropins() -> None:
@@ -322,16 +323,17 @@ def test_fact_script_reads_this_machine(tmp_path: Path) -> None:
         server.listen()
         port = server.getsockname()[1]
         out = subprocess.run([sys.executable, "-c", HOST_FACTS_SCRIPT.read_text(), str(weights), str(port),
-                              "sparkfleet-vllm.service"], capture_output=True, text=True, check=True).stdout
+                              "sparkfleet-vllm.service", "no-such-container"], capture_output=True, text=True,
+                             check=True).stdout
     result = SparkFacts().process(out.splitlines())
     assert result["probe_errors"] == {}
     assert result["disk"]["staged"] == 3000 and result["disk"]["free"] > 0
     assert Path(result["disk"]["mount"]).is_dir()
-    assert result["port_listener"] is not None
+    assert result["port_listener"] is not None and result["port_ours"] is not True
     assert result["arch"] in ("amd64", "arm64")
     assert result["mem_total"] >= result["mem_available"] > 0
     missing = subprocess.run([sys.executable, "-c", HOST_FACTS_SCRIPT.read_text(), str(tmp_path / "no" / "dir"),
-                              str(port), "x.service"], capture_output=True, text=True, check=True).stdout
+                              str(port), "x.service", "x"], capture_output=True, text=True, check=True).stdout
     disk = json.loads(missing)["disk"]
     assert (disk["path"], disk["staged"]) == (str(tmp_path), 0)
 

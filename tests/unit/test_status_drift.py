@@ -69,25 +69,37 @@ ExecMainStartTimestampMonotonic=0
 NeedDaemonReload=yes
 """
 
-# `pyinfra -y --dry --json INVENTORY deploy.py` on the lab, spark-02's daemon.json without the runtime (trimmed).
-DRY_RUN_STDOUT = json.dumps({"plan": [
-    {"op_hash": "a1", "name": "Check the host before changing it | Refuse the host if its preflight found a problem",
-     "names": ["Check the host before changing it | Refuse the host if its preflight found a problem"],
-     "args": [], "hosts_with_change": [], "hosts_with_conditional_change": []},
-    {"op_hash": "b2",
-     "name": "Register the nvidia runtime with Docker | Register the nvidia runtime in daemon.json, keeping every "
-             "other key",
-     "names": ["Register the nvidia runtime with Docker | Register the nvidia runtime in daemon.json, keeping every "
-               "other key"],
-     "args": [], "hosts_with_change": ["spark-02"], "hosts_with_conditional_change": []},
-    {"op_hash": "c3", "name": "Register the nvidia runtime with Docker | Restart dockerd to load the new daemon.json",
-     "names": ["Register the nvidia runtime with Docker | Restart dockerd to load the new daemon.json"],
-     "args": [], "hosts_with_change": [], "hosts_with_conditional_change": ["spark-02"]},
-    {"op_hash": "d4", "name": "Install the vLLM endpoint service | Pull vllm/vllm-openai:v0.28.0 now, never on boot",
-     "names": ["Install the vLLM endpoint service | Pull vllm/vllm-openai:v0.28.0 now, never on boot",
-               "Install the vLLM endpoint service | Pull vllm/vllm-openai:v0.29.0 now, never on boot"],
-     "args": [], "hosts_with_change": ["spark-03"], "hosts_with_conditional_change": []},
-], "results": None})
+# `pyinfra --dry --json --limit spark-01 --limit spark-arm64-01 inventory/lab.py deploy.py` on the converged lab
+# after spark-01's daemon.json lost the nvidia runtime: 5 of its 23 operations, as printed.
+CAPTURED_OPS = [
+    '{"op_hash": "36881256f4f10c306dffc7e51a005d4c14be28fb", "name": "Check the host before changing it | Refuse the '
+    'host if its preflight found a problem (GPU, Docker, disk, memory, port, drop-ins)", "names": ["Check the host '
+    'before changing it | Refuse the host if its preflight found a problem (GPU, Docker, disk, memory, port, '
+    'drop-ins)"], "args": [], "hosts_with_change": [], "hosts_with_conditional_change": []}',
+    '{"op_hash": "2dab006a95456c966d2436b54293a78fe55e68dd", "name": "Register the nvidia runtime with Docker | '
+    'Register the nvidia runtime in daemon.json, keeping every other key", "names": ["Register the nvidia runtime '
+    'with Docker | Register the nvidia runtime in daemon.json, keeping every other key"], "args": [], '
+    '"hosts_with_change": ["spark-01"], "hosts_with_conditional_change": []}',
+    '{"op_hash": "5e20f1fa953237742db54cc8d4c7284ac83746d2", "name": "Register the nvidia runtime with Docker | '
+    'Restart dockerd to load the new daemon.json", "names": ["Register the nvidia runtime with Docker | Restart '
+    'dockerd to load the new daemon.json"], "args": [], "hosts_with_change": [], "hosts_with_conditional_change": '
+    '["spark-01"]}',
+    '{"op_hash": "7e3235e86b4a05d83eac611e24d9852fbfa67fda", "name": "Register the nvidia runtime with Docker | Check '
+    'that dockerd came back with the nvidia runtime", "names": ["Register the nvidia runtime with Docker | Check that '
+    'dockerd came back with the nvidia runtime"], "args": [], "hosts_with_change": [], '
+    '"hosts_with_conditional_change": ["spark-01"]}',
+    '{"op_hash": "7bf675c2af782a955e79e84813072ff6f08fd371", "name": "Install the vLLM endpoint service | Render the '
+    'sparkfleet-vllm unit from the qwen3.6-35b-a3b-nvfp4 recipe", "names": ["Install the vLLM endpoint service | '
+    'Render the sparkfleet-vllm unit from the qwen3.6-35b-a3b-nvfp4 recipe"], "args": [], "hosts_with_change": [], '
+    '"hosts_with_conditional_change": []}',
+]
+# Not captured: hosts wording one operation differently (spark-03 pinned to another image).
+TWO_WORDINGS = {"op_hash": "d4", "name": "Install the vLLM endpoint service | Pull vllm/vllm-openai:v0.28.0 now, "
+                "never on boot", "names": ["Install the vLLM endpoint service | Pull vllm/vllm-openai:v0.28.0 now, "
+                                           "never on boot", "Install the vLLM endpoint service | Pull "
+                                           "vllm/vllm-openai:v0.29.0 now, never on boot"],
+                "args": [], "hosts_with_change": ["spark-03"], "hosts_with_conditional_change": []}
+DRY_RUN_STDOUT = json.dumps({"plan": [*map(json.loads, CAPTURED_OPS), TWO_WORDINGS], "results": None})
 
 DRY_RUN_UNREACHABLE = """\
 --> Loading config...
@@ -117,7 +129,7 @@ DRY_RUN_BAD_INVENTORY = """\
 
 
 def _spark(**data: object) -> Endpoint:
-    return resolve("spark-02", SparkConfig(**data))
+    return resolve("spark-01", SparkConfig(**data))
 
 
 # --- the host reporter ---------------------------------------------------------------------------------
@@ -293,11 +305,12 @@ def test_plan_names_each_hosts_changes_without_the_deploy_prefix() -> None:
     plan = drift.parse_plan("some noise\n" + DRY_RUN_STDOUT + "\n")
     assert plan is not None
     assert plan.changes == {
-        "spark-02": ["Register the nvidia runtime in daemon.json, keeping every other key"],
+        "spark-01": ["Register the nvidia runtime in daemon.json, keeping every other key"],
         "spark-03": ["Pull vllm/vllm-openai:v0.28.0 now, never on boot / Pull vllm/vllm-openai:v0.29.0 now, "
                      "never on boot"],
     }
-    assert plan.follow_ups == {"spark-02": ["Restart dockerd to load the new daemon.json"]}
+    assert plan.follow_ups == {"spark-01": ["Restart dockerd to load the new daemon.json",
+                                            "Check that dockerd came back with the nvidia runtime"]}
     assert drift.parse_plan("") is None
     assert drift.parse_plan('[1, 2]\n{"other": 1}') is None
 
@@ -314,7 +327,7 @@ def test_pyinfra_message_keeps_host_errors_and_the_final_error() -> None:
 
 def test_dry_run_command_passes_limits_one_by_one_and_data() -> None:
     command = drift.dry_run_command("inventory/lab.py", ["lab_amd64,spark-arm64-01", "x"], ["a=1"])
-    assert command[1:] == ["-y", "--dry", "--json", "--limit", "lab_amd64", "--limit", "spark-arm64-01", "--limit",
+    assert command[1:] == ["--dry", "--json", "--limit", "lab_amd64", "--limit", "spark-arm64-01", "--limit",
                            "x", "--data", "a=1", "inventory/lab.py", str(REPO / "deploy.py")]
     assert Path(command[0]).name == "pyinfra"
 
@@ -411,12 +424,12 @@ def test_host_drift_combines_plan_and_facts() -> None:
     spark = _spark(vllm_image="IMG")
     plan = drift.parse_plan(DRY_RUN_STDOUT)
     assert plan is not None
-    result = drift.host_drift(spark, status.Answer("spark-02", HEALTHY | {"runtime_in_dockerd": False}), plan)
+    result = drift.host_drift(spark, status.Answer("spark-01", HEALTHY | {"runtime_in_dockerd": False}), plan)
     assert result.lines() == [
-        "spark-02: would change: Register the nvidia runtime in daemon.json, keeping every other key",
-        "spark-02: dockerd runs without the nvidia runtime its daemon.json registers (restart docker)"]
-    assert result.follow_ups == ["Restart dockerd to load the new daemon.json"]
-    unreachable = drift.host_drift(spark, status.Answer("spark-02", error="unreachable"), plan)
+        "spark-01: would change: Register the nvidia runtime in daemon.json, keeping every other key",
+        "spark-01: dockerd runs without the nvidia runtime its daemon.json registers (restart docker)"]
+    assert result.follow_ups == plan.follow_ups["spark-01"]
+    unreachable = drift.host_drift(spark, status.Answer("spark-01", error="unreachable"), plan)
     assert unreachable.error == "unreachable" and unreachable.facts == {}
-    older = drift.host_drift(spark, status.Answer("spark-02", error="not installed", deployed=False), plan)
-    assert older.error is None and older.facts == {} and older.changes == plan.changes["spark-02"]
+    older = drift.host_drift(spark, status.Answer("spark-01", error="not installed", deployed=False), plan)
+    assert older.error is None and older.facts == {} and older.changes == plan.changes["spark-01"]
