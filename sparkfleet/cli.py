@@ -10,17 +10,22 @@ from sparkfleet import rollout
 from sparkfleet.docs import variables_table
 
 
+def add_targeting(command: argparse.ArgumentParser) -> None:
+    """INVENTORY, --limit, --data and --json: every fleet command targets hosts the way pyinfra does."""
+    command.add_argument("inventory", help="pyinfra inventory file, e.g. inventory/sparks.py")
+    command.add_argument("--limit", action="append", default=[],
+                         help="group, host name or glob (repeatable, or comma-separated), as with pyinfra")
+    command.add_argument("--data", action="append", default=[], metavar="KEY=VALUE",
+                         help="override inventory data as pyinfra does (values parse as JSON when they can)")
+    command.add_argument("--json", action="store_true", help="print machine-readable JSON instead of tables")
+
+
 def _doctor_parser(commands: argparse._SubParsersAction) -> None:
     doctor = commands.add_parser(
         "doctor", help="check recipes against the model and hosts against the recipe, changing nothing",
         description="Run the recipe rules and the host preflight for every targeted host; exit 1 on any error.",
     )
-    doctor.add_argument("inventory", help="pyinfra inventory file, e.g. inventory/sparks.py")
-    doctor.add_argument("--limit", action="append", default=[],
-                        help="group, host name or glob (repeatable, or comma-separated), as with pyinfra")
-    doctor.add_argument("--data", action="append", default=[], metavar="KEY=VALUE",
-                        help="override inventory data as pyinfra does (values parse as JSON when they can)")
-    doctor.add_argument("--json", action="store_true", help="print a machine-readable list instead of tables")
+    add_targeting(doctor)
     doctor.add_argument("--explain", action="store_true", help="also print each memory budget term by term")
 
 
@@ -45,13 +50,7 @@ def _read_only_parsers(commands: argparse._SubParsersAction) -> None:
         ("drift", "what a deploy would change and what it cannot see, read-only; quiet enough for cron",
          "pyinfra's dry run of deploy.py plus each host's facts; exit 0 converged, 2 drifted, 1 on error."),
     ):
-        command = commands.add_parser(name, help=text, description=description)
-        command.add_argument("inventory", help="pyinfra inventory file, e.g. inventory/sparks.py")
-        command.add_argument("--limit", action="append", default=[],
-                             help="group, host name or glob (repeatable, or comma-separated), as with pyinfra")
-        command.add_argument("--data", action="append", default=[], metavar="KEY=VALUE",
-                             help="override inventory data as pyinfra does (values parse as JSON when they can)")
-        command.add_argument("--json", action="store_true", help="print machine-readable JSON instead")
+        add_targeting(commands.add_parser(name, help=text, description=description))
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -84,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("vars", help="print README's table of inventory variables")
     _doctor_parser(commands)
     _read_only_parsers(commands)
-    rollout.add_parser(commands)
+    rollout.add_parser(commands, add_targeting)
     args = parser.parse_args(argv)
     if args.command == "rollout":
         return rollout.main(args)

@@ -30,7 +30,7 @@ PHASE = "sparkfleet_phase"
 class HostResult:
     host: str
     batch: int
-    outcome: str = "pending"  # updated, unchanged, failed, rolled-back, rollback-failed, skipped
+    outcome: str = "pending"  # updated, rolled-back, rollback-failed, skipped
     diagnosis: str = ""
 
 
@@ -76,10 +76,13 @@ def snapshot_command() -> str:
 
 
 def restore_command() -> str:
-    """Put the known-good unit, env file and health config back and restart (the old image is still local)."""
+    """Put the known-good unit, env file and health config back and restart (the old image is still local).
+
+    A host that never was healthy has nothing to go back to: its endpoint is stopped rather than left looping.
+    """
     copies = " && ".join(f"cp -p {KNOWN_GOOD}/{Path(path).name} {path}" for path in KEPT)
-    return (f"test -f {KNOWN_GOOD}/{UNIT}.service && {copies} && systemctl daemon-reload && "
-            f"systemctl reset-failed {UNIT} ; systemctl restart {UNIT}")
+    return (f"if test -f {KNOWN_GOOD}/{UNIT}.service; then {copies} && systemctl daemon-reload && "
+            f"{{ systemctl reset-failed {UNIT}; systemctl restart {UNIT}; }}; else systemctl stop {UNIT}; fi")
 
 
 def gate_command(timeout: int) -> str:
@@ -165,19 +168,15 @@ def _roll_back(plan: Rollout, inventory: str, members: list[str], serving: set[s
             plan.results[host].diagnosis += f"; after rollback: {verdict}"
 
 
-def add_parser(commands: argparse._SubParsersAction) -> None:
+def add_parser(commands: argparse._SubParsersAction,
+               add_targeting: Callable[[argparse.ArgumentParser], None]) -> None:
     rollout = commands.add_parser(
         "rollout", help="deploy batch by batch behind health gates, rolling back a failed batch",
         description="Stage weights and images on every targeted host, then deploy a canary batch and further "
         "batches in inventory order, each gated on health; stop and roll back at the first failed batch.")
-    rollout.add_argument("inventory", help="pyinfra inventory file, e.g. inventory/sparks.py")
+    add_targeting(rollout)
     rollout.add_argument("--batch", type=int, default=1, help="hosts per batch after the canary (default 1)")
     rollout.add_argument("--canary", type=int, default=1, help="hosts in the first batch (default 1)")
-    rollout.add_argument("--limit", action="append", default=[],
-                         help="group, host name or glob (repeatable, or comma-separated), as with pyinfra")
-    rollout.add_argument("--data", action="append", default=[], metavar="KEY=VALUE",
-                         help="override inventory data as pyinfra does (values parse as JSON when they can)")
-    rollout.add_argument("--json", action="store_true", help="print the outcome as JSON")
 
 
 def main(args: argparse.Namespace) -> int:
