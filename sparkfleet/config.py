@@ -74,8 +74,8 @@ class SparkConfig(BaseModel):
         None, description="Where the Hugging Face token comes from (hf:// sources of gated models).",
         examples=["file:~/.config/sparkfleet/hf_token"])
     model_source: Annotated[str, AfterValidator(_model_source)] | None = Field(
-        None, description="Where weights come from: hf://org/name@rev (downloaded on the Spark), an http(s) "
-        "mirror with SHA256SUMS, or a directory on the controller; defaults to the recipe's model on the Hub.",
+        None, description="Where weights come from: an http(s) mirror with SHA256SUMS, or a directory on the "
+        "controller; hf://org/name@rev (the default: the recipe's model on the Hub) is refused until implemented.",
         examples=["http://mirror.lan/models/qwen3.6-nvfp4"])
     model_dir: AbsolutePath = Field(
         "/var/lib/sparkfleet/models", description="Directory on the Spark's local NVMe holding one "
