@@ -12,6 +12,8 @@ from sparkfleet.endpoint import Endpoint
 from sparkfleet.fleet import load_fleet
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "templates"
+REMOTE = Path(__file__).resolve().parents[1] / "remote"  # stdlib scripts that run on the Sparks
+LIB = "/usr/local/lib/sparkfleet"  # where they are installed there
 
 _fleets: dict[int, dict[str, Endpoint]] = {}
 # Operations whose change means the endpoint must restart, per host (weights, image, unit, env file).

@@ -4,18 +4,16 @@ from __future__ import annotations
 
 import io
 import json
-from pathlib import Path
 
 from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import files, server, systemd
 
-from sparkfleet.deploys.context import TEMPLATES, activations, changed, staging_only, will_change
+from sparkfleet.deploys.context import LIB, REMOTE, TEMPLATES, activations, changed, staging_only, will_change
 from sparkfleet.endpoint import CONTAINER, ENV_FILE, ETC, UNIT, Endpoint
 
-REMOTE = Path(__file__).resolve().parents[1] / "remote"
-CHECKER = "/usr/local/lib/sparkfleet/healthcheck.py"
-STATUS = "/usr/local/lib/sparkfleet/status.py"  # read-only reporter that `sparkfleet status` and `drift` run
+CHECKER = f"{LIB}/healthcheck.py"
+STATUS = f"{LIB}/status.py"  # read-only reporter that `sparkfleet status` and `drift` run
 CONFIG = f"{ETC}/health.json"
 STATE_DIR = "/var/lib/sparkfleet/health"
 HEALTH = "sparkfleet-health"

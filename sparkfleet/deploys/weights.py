@@ -8,13 +8,11 @@ from pathlib import Path
 from pyinfra.api import deploy
 from pyinfra.operations import files
 
-from sparkfleet.deploys.context import restart_triggers
+from sparkfleet.deploys.context import LIB, REMOTE, restart_triggers
 from sparkfleet.endpoint import Endpoint
 from sparkfleet.manifest import controller_sums
 from sparkfleet.operations import weights_staged
 
-REMOTE = Path(__file__).resolve().parents[1] / "remote"
-LIB = "/usr/local/lib/sparkfleet"
 SCRIPT = f"{LIB}/stage_weights.py"
 SUMS_DIR = "/var/lib/sparkfleet/weights"
 
@@ -26,8 +24,6 @@ def stage_weights(spark: Endpoint) -> None:
         src=str(REMOTE / "stage_weights.py"), dest=SCRIPT, mode="755", create_remote_dir=True,
     )
     source = spark.model_source
-    if source.startswith("hf://"):
-        raise NotImplementedError("hf:// sources")  # validated away in config until implemented
     sums_file = digest = ""
     if source.startswith("/"):
         # A controller directory: its SHA256SUMS is computed here once (cached by size and mtime).
