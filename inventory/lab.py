@@ -1,5 +1,8 @@
 """The Spark lab (`python -m tests.lab up`) as a pyinfra inventory, with the groups of sparks.py.
 
+Groups: `sparks` (every lab host), `lab_amd64` (hosts that serve), `lab_arm64` (emulated, stage only) and
+`lab_blank` (bare Debian hosts reached as root, present only while a test adds them).
+
 Reads the state file the lab writes; the lab's values replace the stand-ins' production URLs.
 """
 
@@ -18,10 +21,13 @@ _overrides = json.loads(_OVERRIDES.read_text()) if _OVERRIDES.exists() else {}
 
 def _host(lab_host: dict) -> tuple[str, dict]:
     arm64 = lab_host["arch"] == "arm64"
+    # Stock-shaped hosts are reached as a Spark is: the owner's sudo user (root does not log in over SSH).
+    stock = lab_host.get("profile", "stock") == "stock"
     return lab_host["name"], {
         "ssh_hostname": "127.0.0.1",
         "ssh_port": lab_host["ssh_port"],
-        "ssh_user": "root",
+        "ssh_user": "admin" if stock else "root",
+        "_sudo": stock,
         "ssh_key": _lab["ssh_key"],
         "ssh_known_hosts_file": "/dev/null",
         "ssh_strict_host_key_checking": "no",
@@ -43,3 +49,4 @@ _hosts = [_host(h) for h in _lab["hosts"]]
 sparks = _hosts
 lab_amd64 = [name for name, data in _hosts if data["vllm_start"]]
 lab_arm64 = [name for name, data in _hosts if not data["vllm_start"]]
+lab_blank = [name for name, data in _hosts if data["ssh_user"] == "root"]

@@ -28,12 +28,37 @@ MODEL_BYTES = int(os.environ.get("SPARKFLEET_LAB_MODEL_BYTES", str(1 << 30)))
 BOOT_TIMEOUT = 240
 
 
+# The toolkit version a stock Spark ships with (DGX OS 7, 2026), preinstalled from NVIDIA's repository.
+STOCK_TOOLKIT = "1.19.0-1"
+STOCK_SCRIPT = Path(__file__).parent / "standins" / "stock_spark.sh"
+OWNER_IMAGE = "lab/owner-webui:1"  # in the lab registry: a container sparkfleet does not own
+
+
 @dataclass
 class LabHost:
+    """One simulated Spark. `stock`: shaped like a DGX OS Spark, reached as `admin` with sudo; `blank`: a
+    bare Debian host reached as root (the from-scratch path)."""
+
     name: str
     arch: str
     container: str
     ssh_port: int
+    profile: str = "stock"
+
+    @property
+    def user(self) -> str:
+        return "admin" if self.profile == "stock" else "root"
+
+    def stock_settings(self) -> dict[str, str]:
+        """How this stock host's owner set it up: hosts differ the way real Sparks do."""
+        first = self.name in ("spark-01", "spark-arm64-01")
+        return {
+            "TOOLKIT_VERSION": STOCK_TOOLKIT,
+            "SET_AS_DEFAULT": "yes" if first else "no",
+            "RUNTIME_PATH": "/usr/bin/nvidia-container-runtime" if self.name == "spark-02" else "",
+            # Containers do not start on emulated arm64 hosts.
+            "OWNER_IMAGE": f"registry.lab:5000/{OWNER_IMAGE}" if first and self.arch == "amd64" else "",
+        }
 
 
 @dataclass
@@ -93,9 +118,13 @@ def _container_state(name: str) -> tuple[str, str] | None:
     return status, config
 
 
-def _ensure_container(name: str, image: str, args: list[str]) -> None:
-    """Start `name` unless it already runs with this image and these arguments (`up` is idempotent)."""
-    config = hashlib.sha256(json.dumps([image, args]).encode()).hexdigest()[:16]
+def _ensure_container(name: str, image: str, args: list[str], extra: str = "") -> None:
+    """Start `name` unless it already runs with this image and these arguments (`up` is idempotent).
+
+    `extra` is more of what the container is made from (a host's provisioning): a change recreates it,
+    its Docker volume included, so a re-provisioned host starts as new.
+    """
+    config = hashlib.sha256(json.dumps([image, args, extra]).encode()).hexdigest()[:16]
     state = _container_state(name)
     if state == ("running", config):
         return
@@ -103,7 +132,7 @@ def _ensure_container(name: str, image: str, args: list[str]) -> None:
         run(["docker", "start", name], quiet=True)
         return
     if state is not None:
-        run(["docker", "rm", "-f", "-v", name], quiet=True)
+        _remove(name)
     log(f"starting {name}")
     run(["docker", "run", "-d", "--name", name, "--label", LABEL, "--label", f"sparkfleet-lab.config={config}",
          *args, image], quiet=True)
@@ -162,6 +191,10 @@ def _start_services(state: LabState, vllm_base: str) -> None:
         remote = f"localhost:{state.registry_port}/vllm/vllm-openai:{tag}"
         run(["docker", "tag", source, remote], quiet=True)
         _retry(lambda remote=remote: run(["docker", "push", remote], quiet=True), "registry push")
+    # The owner's own app on stock hosts: any small image does; the vLLM stand-in's base has python3.
+    remote = f"localhost:{state.registry_port}/{OWNER_IMAGE}"
+    run(["docker", "tag", vllm_base, remote], quiet=True)
+    _retry(lambda: run(["docker", "push", remote], quiet=True), "registry push")
 
 
 def _suffix(tag: str) -> str:
@@ -200,7 +233,15 @@ def _meminfo(host: LabHost) -> Path:
     return path
 
 
+def _provisioning(host: LabHost) -> str:
+    """What a host's profile is made from, for its container's config hash."""
+    if host.profile != "stock":
+        return host.profile
+    return json.dumps([host.stock_settings(), STOCK_SCRIPT.read_text()])
+
+
 def _start_host(host: LabHost, image: str) -> None:
+    root_key = ["-v", f"{SSH_KEY}.pub:/root/.ssh/authorized_keys:ro"] if host.profile == "blank" else []
     _ensure_container(
         host.container, image,
         [
@@ -209,10 +250,11 @@ def _start_host(host: LabHost, image: str) -> None:
             "--security-opt", "seccomp=unconfined", "--security-opt", "apparmor=unconfined",
             "--cgroupns=host", "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw", "--tmpfs", "/run", "--tmpfs", "/run/lock",
             "-v", f"{host.container}-docker:/var/lib/docker",
-            "-v", f"{SSH_KEY}.pub:/root/.ssh/authorized_keys:ro",
+            *root_key,
             "-v", f"{_meminfo(host)}:/proc/meminfo:ro",
             "-p", "127.0.0.1::22",
         ],
+        extra=_provisioning(host),
     )
     host.ssh_port = _published_port(host.container, 22)
 
@@ -231,19 +273,37 @@ def _wait_ready(host: LabHost) -> None:
     raise SystemExit(f"lab: {host.name} did not boot within {BOOT_TIMEOUT} s (systemd: {boot})")
 
 
-def plan_hosts(amd64: int, arm64: int) -> list[LabHost]:
+def _provision(host: LabHost) -> None:
+    """Shape a freshly started stock host like its owner left it, once per container."""
+    if host.profile != "stock" or subprocess.run(
+            ["docker", "exec", host.container, "test", "-f", "/var/lib/sparkfleet-lab/profile"]).returncode == 0:
+        return
+    log(f"shaping {host.name} like a stock DGX OS Spark")
+    env = {**host.stock_settings(), "NVIDIA_BASE": "http://nvidia.lab/libnvidia-container"}
+    run(["docker", "exec", "-i", *(f"--env={key}={value}" for key, value in env.items()), host.container,
+         "sh", "-c", STOCK_SCRIPT.read_text()], quiet=True, input=Path(f"{SSH_KEY}.pub").read_bytes())
+
+
+def plan_hosts(amd64: int, arm64: int, blank: int = 0) -> list[LabHost]:
     hosts = [LabHost(f"spark-{i:02d}", "amd64", f"{PREFIX}spark-{i:02d}", 0) for i in range(1, amd64 + 1)]
     hosts += [
         LabHost(f"spark-arm64-{i:02d}", "arm64", f"{PREFIX}spark-arm64-{i:02d}", 0) for i in range(1, arm64 + 1)
     ]
+    hosts += [
+        LabHost(f"spark-blank-{i:02d}", "amd64", f"{PREFIX}spark-blank-{i:02d}", 0, "blank")
+        for i in range(1, blank + 1)
+    ]
     return hosts
 
 
-def up(amd64: int = 3, arm64: int = 1, vllm_tags: list[str] | None = None) -> LabState:
-    """Bring the lab to the wanted shape; reuses images, containers and generated data that exist."""
+def up(amd64: int = 3, arm64: int = 1, vllm_tags: list[str] | None = None, blank: int = 0) -> LabState:
+    """Bring the lab to the wanted shape; reuses images, containers and generated data that exist.
+
+    The default fleet is stock-shaped Sparks; `blank` adds bare Debian hosts for the from-scratch path.
+    """
     require_tools(arm64 > 0)
     _ssh_key()
-    state = LabState(hosts=plan_hosts(amd64, arm64), vllm_tags=vllm_tags or default_vllm_tags())
+    state = LabState(hosts=plan_hosts(amd64, arm64, blank), vllm_tags=vllm_tags or default_vllm_tags())
     state.nvidia_key_fingerprint = _prepare_www()
     _api_key()
     if subprocess.run(["docker", "network", "inspect", NETWORK], capture_output=True).returncode != 0:
@@ -260,8 +320,27 @@ def up(amd64: int = 3, arm64: int = 1, vllm_tags: list[str] | None = None) -> La
     _remove_unplanned(state)
     for host in state.hosts:
         _wait_ready(host)
+    with ThreadPoolExecutor(max_workers=len(state.hosts) or 1) as pool:
+        list(pool.map(_provision, state.hosts))
     state.save()
     return state
+
+
+def reset(names: list[str]) -> LabState:
+    """Give these hosts back as new (a fresh container and Docker volume), the rest of the lab untouched."""
+    current = LabState.load()
+    assert current is not None, "the lab is not up"
+    for host in current.hosts:
+        if host.name in names:
+            _remove(host.container)
+    counts = {profile: [h for h in current.hosts if h.profile == profile] for profile in ("stock", "blank")}
+    arm64 = sum(h.arch == "arm64" for h in counts["stock"])
+    return up(len(counts["stock"]) - arm64, arm64, current.vllm_tags, len(counts["blank"]))
+
+
+def _remove(container: str) -> None:
+    run(["docker", "rm", "-f", "-v", container], quiet=True)
+    run(["docker", "volume", "rm", "-f", f"{container}-docker"], quiet=True, check=False)
 
 
 def _lab_containers() -> list[str]:
@@ -274,15 +353,13 @@ def _remove_unplanned(state: LabState) -> None:
     planned = {host.container for host in state.hosts} | {SERVICES}
     for name in _lab_containers():
         if name not in planned:
-            run(["docker", "rm", "-f", "-v", name], quiet=True)
-            run(["docker", "volume", "rm", "-f", f"{name}-docker"], quiet=True, check=False)
+            _remove(name)
 
 
 def down() -> None:
     """Remove every container, volume and network the lab started, and nothing else."""
     for name in _lab_containers():
-        run(["docker", "rm", "-f", "-v", name], quiet=True)
-        run(["docker", "volume", "rm", "-f", f"{name}-docker"], quiet=True, check=False)
+        _remove(name)
     run(["docker", "network", "rm", NETWORK], quiet=True, check=False)
     STATE_FILE.unlink(missing_ok=True)
 

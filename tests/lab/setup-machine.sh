@@ -26,3 +26,14 @@ if [ ! -e /proc/sys/fs/binfmt_misc/qemu-aarch64 ]; then
     update-binfmts --enable qemu-aarch64 || true
     [ -e /proc/sys/fs/binfmt_misc/qemu-aarch64 ] || { echo "setup: arm64 emulation could not be registered" >&2; exit 1; }
 fi
+# The arm64 hosts are reached as a sudo user, and sudo is setuid: qemu-user honours that only when the binfmt
+# entry has the C (credentials) flag, which Debian's qemu-user-static does not set.
+binfmt=/proc/sys/fs/binfmt_misc/qemu-aarch64
+if ! sed -n 's/^flags: //p' "$binfmt" | grep -q C; then
+    echo "setup: registering arm64 emulation with credentials (setuid sudo)"
+    spec=/usr/share/binfmts/qemu-aarch64
+    field() { sed -n "s/^$1 //p" "$spec"; }
+    entry=":qemu-aarch64:M:$(field offset):$(field magic):$(field mask):$(field interpreter):OCPF"
+    echo -1 > "$binfmt"
+    printf '%s\n' "$entry" > /proc/sys/fs/binfmt_misc/register
+fi

@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import subprocess
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -138,6 +139,22 @@ def test_ctk_usage_errors_fail(tmp_path: Path, argv: tuple[str, ...]) -> None:
     assert result.returncode != 0
     assert "usage" in result.stderr.lower() or "unrecognized runtime" in result.stderr
     assert not (tmp_path / "d.json").exists()
+
+
+def test_ctk_config_set_changes_one_key_in_place(tmp_path: Path) -> None:
+    config = tmp_path / "config.toml"
+    shutil.copy(STANDINS_DIR / "config.toml", config)
+    before = config.read_text()
+    result = run(CTK, "config", "--config-file", config, "--in-place", "--set", "nvidia-container-runtime.mode=legacy")
+    assert result.returncode == 0, result.stderr
+    after = config.read_text()
+    assert tomllib.loads(after)["nvidia-container-runtime"]["mode"] == "legacy"
+    assert tomllib.loads(before)["nvidia-container-runtime"]["mode"] == "auto"
+    assert [line for line in after.splitlines() if "mode" not in line] == [
+        line for line in before.splitlines() if "mode" not in line]
+    printed = run(CTK, "config", "--config-file", config, "--set", "nvidia-container-runtime.log-level=debug")
+    assert tomllib.loads(printed.stdout)["nvidia-container-runtime"]["log-level"] == "debug"
+    assert config.read_text() == after  # without --in-place nothing is written
 
 
 # --- nvidia-smi and nvidia-container-cli -------------------------------------------------------------

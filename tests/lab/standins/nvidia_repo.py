@@ -78,7 +78,8 @@ def package_specs(version: str, arch: str) -> list[PackageSpec]:
         PackageSpec(
             "nvidia-container-toolkit-base", "", "NVIDIA Container Toolkit Base",
             {"/usr/bin/nvidia-ctk": standin("nvidia-ctk", version),
-             "/usr/bin/nvidia-container-runtime": standin("nvidia-container-runtime", version)}, {},
+             "/usr/bin/nvidia-container-runtime": standin("nvidia-container-runtime", version),
+             "/etc/nvidia-container-runtime/config.toml": standin("config.toml", version)}, {},
         ),
         PackageSpec(
             "nvidia-container-toolkit",
@@ -120,6 +121,9 @@ def stage_package(spec: PackageSpec, version: str, arch: str, root: Path) -> str
     control = control_text(spec, version, arch, installed_kib)
     (root / "DEBIAN").mkdir()
     (root / "DEBIAN" / "control").write_text(control)
+    conffiles = [path for path in spec.files if path.startswith("/etc/")]
+    if conffiles:  # dpkg keeps an edited conffile across upgrades, as it does the real package's settings
+        (root / "DEBIAN" / "conffiles").write_text("".join(f"{path}\n" for path in conffiles))
     for path in [root, *root.rglob("*")]:
         if path.is_dir() and not path.is_symlink():
             path.chmod(0o755)
