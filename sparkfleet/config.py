@@ -97,9 +97,16 @@ class SparkConfig(BaseModel):
     nvidia_toolkit_version: str = Field(
         "1.19.0-1", pattern=r"^[0-9][0-9A-Za-z.+~-]*$", description="Debian version all four toolkit packages "
         "are pinned to (1.19.1 with CDI froze GB10s: toolkit #1910).", examples=["1.19.1-1"])
-    nvidia_cdi: bool = Field(False, description="Enable CDI in dockerd (`features.cdi`).", examples=[True])
-    nvidia_default_runtime: bool = Field(
-        False, description="Make `nvidia` dockerd's default runtime.", examples=[True])
+    nvidia_cdi: bool | None = Field(
+        None, description="CDI in dockerd (`features.cdi`): null leaves the host's setting alone; false turns it "
+        "off for real (`features.cdi: false` and the runtime's legacy mode); true turns it on. A change restarts "
+        "dockerd.", examples=[False])
+    nvidia_default_runtime: bool | None = Field(
+        None, description="`nvidia` as dockerd's default runtime: null leaves the host's setting alone (a stock "
+        "Spark may have it on, and its other containers rely on it).", examples=[True])
+    nvidia_docker_restart: bool = Field(
+        False, description="Allow a dockerd restart (needed only for CDI changes) while containers sparkfleet "
+        "does not own are running; it stops and restarts them.", examples=[True])
     health_interval_seconds: int = Field(30, ge=5, description="How often the health timer probes.",
                                          examples=[60])
     health_alert_after: int = Field(3, ge=1, description="Consecutive failures before an alert.", examples=[5])

@@ -6,21 +6,71 @@ import json
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
+# Reads daemon.json and resolves every runtime path the way dockerd does (PATH lookup, then symlinks), so
+# `nvidia-container-runtime` and `/usr/bin/nvidia-container-runtime` compare as the one binary they are.
+_DAEMON_JSON_SCRIPT = """
+import json, os, shutil, sys
+path, wanted = sys.argv[1], sys.argv[2]
+search = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+def resolve(program):
+    found = program if "/" in program else shutil.which(program, path=search)
+    return os.path.realpath(found) if found else program
+result = {"config": None, "error": None, "resolved": {wanted: resolve(wanted)}}
+try:
+    text = open(path).read()
+except FileNotFoundError:
+    text = ""
+if text.strip():
+    try:
+        result["config"] = json.loads(text)
+    except ValueError as error:
+        result["error"] = str(error)
+config = result["config"]
+if config is not None and not isinstance(config, dict):
+    result["config"], result["error"] = None, "the top level is not a JSON object"
+runtimes = (config or {}).get("runtimes") if isinstance(config, dict) else None
+for entry in (runtimes.values() if isinstance(runtimes, dict) else ()):
+    if isinstance(entry, dict) and isinstance(entry.get("path"), str):
+        result["resolved"][entry["path"]] = resolve(entry["path"])
+print(json.dumps(result))
+"""
+
 
 class DaemonJson(FactBase):
-    """dockerd's daemon.json as a dict; None when the file is missing, {"__invalid__": text} when broken."""
+    """dockerd's daemon.json: {"config": dict | None (missing), "error": why it is unusable | None,
+    "resolved": {runtime path: the binary it runs}}, for every runtime's path and for `runtime`."""
+
+    def command(self, path: str, runtime: str) -> StringCommand:
+        return StringCommand("python3", "-c", QuoteString(_DAEMON_JSON_SCRIPT), QuoteString(path),
+                             QuoteString(runtime))
+
+    def process(self, output: list[str]) -> dict:
+        return json.loads("\n".join(output))
+
+
+class RunningContainers(FactBase):
+    """Names of the containers dockerd runs now (a dockerd restart stops every one of them)."""
+
+    def command(self) -> str:
+        return "docker ps --format '{{.Names}}'"
+
+    def process(self, output: list[str]) -> list[str]:
+        return sorted(line.strip() for line in output if line.strip())
+
+    def default(self) -> list[str]:
+        return []
+
+
+class RuntimeMode(FactBase):
+    """The NVIDIA Container Runtime's mode (auto, legacy, cdi, jit-cdi) from its config.toml; "" when unset."""
 
     def command(self, path: str) -> StringCommand:
-        return StringCommand("cat", QuoteString(path), "2>/dev/null", "||", "true")
+        script = ("import sys,tomllib\ntry: c=tomllib.load(open(sys.argv[1],'rb'))\nexcept FileNotFoundError: c={}\n"
+                  "print(c.get('nvidia-container-runtime',{}).get('mode',''))")
+        return StringCommand("python3", "-c", QuoteString(script), QuoteString(path))
 
-    def process(self, output: list[str]) -> dict | None:
-        text = "\n".join(output).strip()
-        if not text:
-            return None
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError:
-            return {"__invalid__": text}
+    def process(self, output: list[str]) -> str:
+        return output[0].strip() if output else ""
 
 
 class KeyringFingerprints(FactBase):
@@ -39,6 +89,39 @@ class KeyringFingerprints(FactBase):
 
     def default(self) -> list[str]:
         return []
+
+
+class AptSourceFiles(FactBase):
+    """apt source files (one-line and deb822) that name a repository URL."""
+
+    def command(self, url: str) -> StringCommand:
+        return StringCommand("grep -lsF", QuoteString(url), "/etc/apt/sources.list",
+                             "/etc/apt/sources.list.d/*.list", "/etc/apt/sources.list.d/*.sources", "||", "true")
+
+    def process(self, output: list[str]) -> list[str]:
+        return sorted(line.strip() for line in output if line.strip())
+
+    def default(self) -> list[str]:
+        return []
+
+
+class InstalledVersions(FactBase):
+    """Installed version of each package (None when not installed)."""
+
+    def command(self, packages: tuple[str, ...]) -> StringCommand:
+        return StringCommand("dpkg-query -W -f='${Package} ${db:Status-Abbrev} ${Version}\\n'",
+                             *packages, "2>/dev/null", "||", "true")
+
+    def process(self, output: list[str]) -> dict[str, str]:
+        versions = {}
+        for line in output:
+            parts = line.split()
+            if len(parts) == 3 and parts[1].startswith("ii"):
+                versions[parts[0]] = parts[2]
+        return versions
+
+    def default(self) -> dict[str, str]:
+        return {}
 
 
 class AptVersions(FactBase):
@@ -63,30 +146,6 @@ class DockerImageId(FactBase):
     def process(self, output: list[str]) -> str | None:
         text = "\n".join(output).strip()
         return text or None
-
-
-class DockerDropins(FactBase):
-    """The text of every docker.service drop-in, by file name."""
-
-    def command(self) -> str:
-        return (
-            "for f in /etc/systemd/system/docker.service.d/*.conf; do "
-            '[ -f "$f" ] && { echo "==> $f"; cat "$f"; }; done; true'
-        )
-
-    def process(self, output: list[str]) -> dict[str, str]:
-        files: dict[str, list[str]] = {}
-        current = None
-        for line in output:
-            if line.startswith("==> "):
-                current = line[4:]
-                files[current] = []
-            elif current:
-                files[current].append(line)
-        return {name: "\n".join(lines) for name, lines in files.items()}
-
-    def default(self) -> dict[str, str]:
-        return {}
 
 
 class WeightsCheck(FactBase):

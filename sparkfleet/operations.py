@@ -10,7 +10,7 @@ from pyinfra import host
 from pyinfra.api import RsyncCommand, operation
 from pyinfra.operations import files
 
-from sparkfleet.facts import DaemonJson, DockerImageId, KeyringFingerprints, WeightsCheck
+from sparkfleet.facts import DaemonJson, DockerImageId, KeyringFingerprints, RuntimeMode, WeightsCheck
 
 
 @operation()
@@ -36,45 +36,90 @@ def apt_keyring(src: str, fingerprint: str, dest: str):
     )
 
 
-def wanted_daemon_json(current: dict, cdi: bool, default_runtime: bool) -> dict:
-    """daemon.json with the nvidia runtime as configured, every other key kept as it was."""
+RUNTIME = "nvidia-container-runtime"  # the path `nvidia-ctk runtime configure` writes
+# daemon.json keys dockerd applies on SIGHUP (moby daemon/reload.go); a change to any other key needs a restart.
+# `features` reloads as a value, but CDI's spec cache is set up only when dockerd starts.
+RELOADABLE_KEYS = frozenset({
+    "runtimes", "default-runtime", "debug", "labels", "live-restore", "max-concurrent-downloads",
+    "max-concurrent-uploads", "max-download-attempts", "shutdown-timeout", "registry-mirrors",
+    "insecure-registries", "allow-nondistributable-artifacts",
+})
+
+
+def same_runtime(entry: object, resolved: dict[str, str]) -> bool:
+    """Whether a runtimes entry runs the nvidia runtime: the same binary once resolved, with no args."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
+        return False
+    path = entry["path"]
+    return resolved.get(path, path) == resolved.get(RUNTIME, RUNTIME) and entry.get("args", []) == []
+
+
+def wanted_daemon_json(current: dict, resolved: dict[str, str], cdi: bool | None,
+                       default_runtime: bool | None) -> dict:
+    """daemon.json with the nvidia runtime registered, every other key kept as it was.
+
+    An entry that already runs the same binary is left as written. `default-runtime` and `features.cdi`
+    are left as the host has them when the inventory says None (unmanaged), set when it says True, and
+    turned off when it says False (CDI explicitly: deleting `features.cdi` leaves Docker's default, on).
+    """
     wanted = json.loads(json.dumps(current))
-    runtimes = wanted.setdefault("runtimes", {})
-    runtimes["nvidia"] = {**runtimes.get("nvidia", {}), "path": "nvidia-container-runtime"}
-    runtimes["nvidia"].setdefault("args", [])
+    runtimes = wanted.get("runtimes") if isinstance(wanted.get("runtimes"), dict) else {}
+    if not same_runtime(runtimes.get("nvidia"), resolved):
+        runtimes = {**runtimes, "nvidia": {"path": RUNTIME, "args": []}}
+    wanted["runtimes"] = runtimes
     if default_runtime:
         wanted["default-runtime"] = "nvidia"
-    elif wanted.get("default-runtime") == "nvidia":
+    elif default_runtime is False and wanted.get("default-runtime") == "nvidia":
         del wanted["default-runtime"]
-    features = wanted.get("features", {})
-    if cdi:
-        wanted["features"] = {**features, "cdi": True}
-    elif features.get("cdi"):
-        features.pop("cdi")
-        if features:
-            wanted["features"] = features
-        else:
-            del wanted["features"]
+    if cdi is not None:
+        features = wanted.get("features") if isinstance(wanted.get("features"), dict) else {}
+        wanted["features"] = {**features, "cdi": cdi}
     return wanted
 
 
+def restart_keys(current: dict, wanted: dict) -> list[str]:
+    """Top-level keys that differ between the two and that dockerd cannot reload (empty: a reload is enough)."""
+    return sorted(key for key in set(current) | set(wanted)
+                  if current.get(key) != wanted.get(key) and key not in RELOADABLE_KEYS)
+
+
 @operation()
-def docker_runtime(path: str, cdi: bool, default_runtime: bool):
+def docker_runtime(path: str, cdi: bool | None, default_runtime: bool | None):
     """
     Register the nvidia runtime in dockerd's daemon.json without losing anyone else's keys.
 
-    Like `nvidia-ctk runtime configure` (4-space JSON, merge), but also converges the opposite way:
-    default-runtime and CDI are removed when the inventory turns them off.
+    Like `nvidia-ctk runtime configure` (merge, 4-space JSON), but an entry naming the same binary counts as
+    registered, and default-runtime and CDI are touched only when the inventory manages them.
+
+    + path: daemon.json
+    + cdi, default_runtime: True/False to enforce, None to leave as the host has it
     """
-    current = host.get_fact(DaemonJson, path=path)
-    if current is not None and "__invalid__" in current:
-        yield f"echo '{path} is not valid JSON; dockerd would not start with it either: fix it by hand' >&2; exit 1"
+    fact = host.get_fact(DaemonJson, path=path, runtime=RUNTIME) or {"error": "python3 could not read it"}
+    if fact["error"]:
+        why = f"{path} cannot be used ({fact['error']}); dockerd would not start with it either: fix it by hand"
+        yield f"echo {shlex.quote(why)} >&2; exit 1"
         return
-    wanted = wanted_daemon_json(current or {}, cdi, default_runtime)
+    current = fact["config"]
+    wanted = wanted_daemon_json(current or {}, fact["resolved"], cdi, default_runtime)
     if wanted == current:
         host.noop(f"{path} registers the nvidia runtime as configured")
         return
     yield from files.put._inner(src=io.StringIO(json.dumps(wanted, indent=4) + "\n"), dest=path, mode="644")
+
+
+@operation()
+def runtime_mode(path: str, mode: str):
+    """
+    Set the NVIDIA Container Runtime's mode in its config.toml, the way NVIDIA documents it (`nvidia-ctk config`).
+
+    + path: the runtime's config.toml
+    + mode: `legacy` turns CDI off in the runtime (its default since 1.18 is jit-cdi)
+    """
+    if host.get_fact(RuntimeMode, path=path) == mode:
+        host.noop(f"the NVIDIA runtime runs in {mode} mode")
+        return
+    yield shlex.join(["nvidia-ctk", "config", "--config-file", path, "--in-place", "--set",
+                      f"nvidia-container-runtime.mode={mode}"])
 
 
 @operation()

@@ -256,7 +256,7 @@ def _dropins(endpoint: Endpoint, facts: Facts) -> Iterator[Finding]:
     keys = set(facts.get("daemon_json_keys") or ())
     written = {"runtimes"}  # what the deploy's docker_runtime step puts into daemon.json
     written |= {"default-runtime"} if endpoint.config.nvidia_default_runtime else set()
-    written |= {"features"} if endpoint.config.nvidia_cdi else set()
+    written |= {"features"} if endpoint.config.nvidia_cdi is not None else set()
     for path, flags in facts.get("dropins", {}).items():
         for flag in dict.fromkeys(flags):
             key = flag_key(flag)

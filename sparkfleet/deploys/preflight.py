@@ -5,6 +5,8 @@ from __future__ import annotations
 from pyinfra import host, logger
 from pyinfra.api import deploy
 
+from sparkfleet.deploys.context import staging_only
+from sparkfleet.deploys.runtime import restart_problem
 from sparkfleet.endpoint import Endpoint
 from sparkfleet.operations import host_ready
 from sparkfleet.preflight import SparkFacts, checkpoint_size, host_findings
@@ -21,6 +23,8 @@ def check_host(spark: Endpoint) -> None:
             if finding.severity == "warning":
                 logger.warning(f"{host.name}: {finding.message} [{finding.rule}]")
         problems = [f"{f.message} [{f.rule}]" for f in findings if f.severity == "error"]
+    if not staging_only(host) and (restart := restart_problem(spark)):
+        problems.append(restart)
     # Only this host fails: the others carry on with their own steps.
     host_ready(
         name="Refuse the host if its preflight found a problem (GPU, Docker, disk, memory, port, drop-ins)",

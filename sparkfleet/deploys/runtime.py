@@ -1,35 +1,99 @@
-"""Step 2: the nvidia runtime in /etc/docker/daemon.json, and a dockerd restart only when that changed."""
+"""Step 2: the nvidia runtime in /etc/docker/daemon.json, loaded by a dockerd reload when that changed.
+
+A reload (SIGHUP) applies `runtimes` and `default-runtime` with every container left running, as NVIDIA's own
+installer does. Only a key dockerd cannot reload (CDI) takes a restart, which stops every container on the
+host: it is refused in the preflight while containers sparkfleet does not own run, unless
+`nvidia_docker_restart` allows it, and the endpoint it restarts is waited for by the health gate.
+"""
 
 from __future__ import annotations
 
-from pyinfra import host
+from dataclasses import dataclass
+
+from pyinfra import host, state
 from pyinfra.api import deploy
 from pyinfra.operations import server, systemd
 
-from sparkfleet.deploys.context import staging_only, will_change
-from sparkfleet.endpoint import Endpoint
-from sparkfleet.operations import docker_runtime
+from sparkfleet.deploys.context import activations, restart_triggers, staging_only, will_change
+from sparkfleet.endpoint import CONTAINER, Endpoint
+from sparkfleet.facts import DaemonJson, RunningContainers
+from sparkfleet.operations import RUNTIME, docker_runtime, restart_keys, runtime_mode, wanted_daemon_json
 
 DAEMON_JSON = "/etc/docker/daemon.json"
+RUNTIME_CONFIG = "/etc/nvidia-container-runtime/config.toml"
+
+
+@dataclass(frozen=True)
+class RuntimePlan:
+    """What registering the runtime will do to dockerd, known before anything changes."""
+
+    restart_keys: tuple[str, ...]  # changed daemon.json keys that dockerd cannot reload
+    blocking: tuple[str, ...]  # running containers sparkfleet does not own, which a restart would stop
+
+
+_plans: dict[tuple[int, str], RuntimePlan] = {}
+
+
+def runtime_plan(spark: Endpoint) -> RuntimePlan:
+    """Read once per host and run (the preflight and step 2 both need it), from the state before any change."""
+    key = (id(state), host.name)
+    if key not in _plans:
+        config = spark.config
+        fact = host.get_fact(DaemonJson, path=DAEMON_JSON, runtime=RUNTIME)
+        keys: list[str] = []
+        if fact and not fact["error"]:  # unreadable or broken: the preflight and step 2 say so
+            current = fact["config"] or {}
+            keys = restart_keys(current, wanted_daemon_json(current, fact["resolved"], config.nvidia_cdi,
+                                                            config.nvidia_default_runtime))
+        blocking: list[str] = []
+        if keys and not config.nvidia_docker_restart:
+            blocking = [name for name in host.get_fact(RunningContainers) if name != CONTAINER]
+        _plans[key] = RuntimePlan(tuple(keys), tuple(blocking))
+    return _plans[key]
+
+
+def restart_problem(spark: Endpoint) -> str | None:
+    """The preflight's refusal of a dockerd restart that would stop the owner's containers, or None."""
+    plan = runtime_plan(spark)
+    if not plan.blocking:
+        return None
+    return (f"applying {', '.join(plan.restart_keys)} in {DAEMON_JSON} needs a dockerd restart, which would stop "
+            f"containers sparkfleet does not own: {', '.join(plan.blocking)}. Stop them first, or set "
+            "nvidia_docker_restart=true to allow the restart [host.docker-restart]")
 
 
 @deploy("Register the nvidia runtime with Docker")
 def register_runtime(spark: Endpoint) -> None:
     if staging_only(host):
-        return  # a dockerd restart would stop the running endpoint
+        return  # dockerd changes wait for the host's batch
     config = spark.config
     daemon = docker_runtime(
         name="Register the nvidia runtime in daemon.json, keeping every other key",
         path=DAEMON_JSON, cdi=config.nvidia_cdi, default_runtime=config.nvidia_default_runtime,
     )
+    if config.nvidia_cdi is False:
+        # Docker's CDI off is not enough: the runtime's own default (jit-cdi) must give way to legacy too.
+        restart_triggers[spark.host].append(runtime_mode(
+            name="Run the NVIDIA runtime in legacy mode, as nvidia_cdi=false asks",
+            path=RUNTIME_CONFIG, mode="legacy",
+        ))
     if not will_change(daemon):
         return
-    systemd.service(
-        name="Restart dockerd to load the new daemon.json",
-        service="docker.service", running=True, restarted=True, _if=daemon.did_change,
-    )
+    keys = runtime_plan(spark).restart_keys
+    if keys:
+        activations[spark.host].append(systemd.service(
+            name=f"Restart dockerd to apply {', '.join(keys)} (cannot be reloaded; restarts every container)",
+            service="docker.service", running=True, restarted=True, _if=daemon.did_change,
+        ))
+    else:
+        systemd.service(
+            name="Reload dockerd to load the changed runtimes (containers keep running)",
+            service="docker.service", reloaded=True, _if=daemon.did_change,
+        )
+    checks = ["docker info --format '{{json .Runtimes}}' | grep -q '\"nvidia\"'"]
+    if config.nvidia_default_runtime:
+        checks.append("test \"$(docker info --format '{{.DefaultRuntime}}')\" = nvidia")
     server.shell(
-        name="Check that dockerd came back with the nvidia runtime",
-        commands=["docker info --format '{{json .Runtimes}}' | grep -q '\"nvidia\"'"],
+        name="Check that dockerd now lists the nvidia runtime", commands=checks,
         _if=daemon.did_change, _retries=10, _retry_delay=2,
     )

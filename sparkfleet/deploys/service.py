@@ -6,6 +6,7 @@ import io
 
 from pyinfra import host
 from pyinfra.api import deploy
+from pyinfra.facts.server import User
 from pyinfra.operations import files, systemd
 
 from sparkfleet import secrets
@@ -15,8 +16,9 @@ from sparkfleet.facts import WeightsLoaded
 from sparkfleet.operations import image_pulled
 from sparkfleet.unit import UnitView
 
-# pyinfra stages uploads in a temp dir before moving them; a secret must never sit in a world-readable one.
-SECRET_TEMP = "/root/.cache/sparkfleet"
+# Under sudo, pyinfra uploads as the login user into a temp dir, then copies with sudo: a secret's temp dir
+# is this one, owned by the login user and 0700, under a root-owned parent nobody else can pre-create.
+UPLOADS = "/var/lib/sparkfleet/uploads"
 
 
 def env_file(spark: Endpoint) -> str:
@@ -34,14 +36,20 @@ def env_file(spark: Endpoint) -> str:
 def install_service(spark: Endpoint) -> None:
     triggers = restart_triggers[spark.host]
     files.directory(name="Create sparkfleet's configuration directory", path=ETC, mode="755")
-    files.directory(name="Create a private staging directory for secret uploads", path=SECRET_TEMP, mode="700")
+    login = host.get_fact(User, _sudo=False) or "root"
+    files.directory(name=f"Create a private upload directory for secrets, owned by {login} (the SSH user)",
+                    path=UPLOADS, user=login, mode="700")
     triggers.append(image_pulled(name=f"Pull {spark.image} now, never on boot", image=spark.image))
     if staging_only(host):
         return  # rollout stages the image everywhere first; the unit changes batch by batch
+    # Created empty and root-only first: a copy into an existing file keeps its mode, so the secrets are
+    # never readable by others, not even between the copy and the chmod.
+    files.file(name="Create the root-only env file for the endpoint's secrets", path=ENV_FILE,
+               user="root", group="root", mode="600")
     triggers.append(files.put(
         name="Write the endpoint's secrets to a root-only env file",
         src=io.StringIO(env_file(spark)), dest=ENV_FILE, user="root", group="root", mode="600",
-        _temp_dir=SECRET_TEMP,
+        _temp_dir=UPLOADS,
     ))
     unit = files.template(
         name=f"Render the {UNIT} unit from the {spark.recipe.name} recipe",

@@ -32,10 +32,18 @@ class Run:
         return self._total(2)
 
     def _total(self, column: int) -> int:
-        match = re.search(r"Grand total\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)", self.output)
-        assert match, self.output[-3000:]
-        value = match.group(column + 1)
-        return 0 if value == "-" else int(value)
+        return self.row("Grand total")[column]
+
+    def row(self, operation: str) -> tuple[int, int, int, int]:
+        """An operation's row of the Results table: hosts, changed (success), errors, unchanged."""
+        match = re.search(re.escape(operation) + r"[^\n]*?\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s*\n",
+                          self.output.rsplit("--> Results:", 1)[-1])
+        assert match, f"no row for {operation!r}:\n{self.output[-3000:]}"
+        return tuple(0 if value == "-" else int(value) for value in match.groups())  # type: ignore[return-value]
+
+    def changed_by(self, operation: str) -> int:
+        """How many hosts an operation changed (0 when it ran as a no-op, or did not run at all)."""
+        return self.row(operation)[1] if operation in self.output else 0
 
 
 def pyinfra(*args: str, check: bool = True) -> Run:

@@ -32,7 +32,7 @@ def test_removed_runtime_is_restored_and_foreign_keys_survive(spark02: fleet.Lab
     daemon["log-level"] = "warn"
     on_host(spark02.container, f"echo '{json.dumps(daemon)}' > /etc/docker/daemon.json")
     run = pyinfra("deploy.py")
-    assert run.changed >= 2  # daemon.json written, dockerd restarted
+    assert run.changed >= 2  # daemon.json written, dockerd reloaded
     repaired = json.loads(on_host(spark02.container, "cat /etc/docker/daemon.json"))
     assert repaired["runtimes"]["nvidia"]["path"] == "nvidia-container-runtime"
     assert repaired["log-level"] == "warn"

@@ -100,7 +100,7 @@ def test_drift_names_a_removed_runtime_until_a_deploy_restores_it(lab: fleet.Lab
         assert report["status"] == "drifted"
         (host,) = report["hosts"]
         assert (host["host"], host["changes"], host["drift"]) == ("spark-01", [RUNTIME_OP], [])
-        assert "Restart dockerd to load the new daemon.json" in host["follow_ups"]
+        assert "Reload dockerd to load the changed runtimes (containers keep running)" in host["follow_ups"]
         assert host["facts"]["nvidia_runtime"] == {"daemon_json": False, "dockerd": True}
     finally:
         pyinfra("deploy.py")

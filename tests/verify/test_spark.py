@@ -46,11 +46,23 @@ def test_toolkit_packages_pinned(spark: Spark) -> None:
         assert spark.host.package(package).version == version, package
 
 
+def test_toolkit_held_at_its_version(spark: Spark) -> None:
+    """An upgrade (unattended or by hand) keeps the pinned version, even when a newer one is in the lists."""
+    version = spark.endpoint.config.nvidia_toolkit_version
+    for package in PACKAGES:
+        policy = spark.host.check_output(f"apt-cache policy {package}")
+        assert f"Candidate: {version}" in policy, policy
+
+
 def test_nvidia_runtime_registered(spark: Spark) -> None:
     runtimes = json.loads(spark.host.check_output("docker info --format '{{json .Runtimes}}'"))
     assert "nvidia" in runtimes
     daemon = json.loads(spark.host.file("/etc/docker/daemon.json").content_string)
-    assert daemon["runtimes"]["nvidia"]["path"] == "nvidia-container-runtime"
+    # By name or by full path, the entry runs NVIDIA's runtime binary with no extra args.
+    resolve = "readlink -f \"$(command -v {})\""
+    assert spark.host.check_output(resolve.format(shlex.quote(daemon["runtimes"]["nvidia"]["path"]))) == (
+        spark.host.check_output(resolve.format("nvidia-container-runtime")))
+    assert daemon["runtimes"]["nvidia"].get("args", []) == []
 
 
 def test_foreign_daemon_json_keys_kept(spark: Spark) -> None:
