@@ -20,6 +20,8 @@ _fleets: dict[int, dict[str, Endpoint]] = {}
 restart_triggers: dict[str, list[OperationMeta]] = {}
 # Operations that (re)start the endpoint, per host: the health step waits for it after them.
 activations: dict[str, list[OperationMeta]] = {}
+# Operations that install the toolkit where it was missing, per host: dockerd must restart after them.
+toolkit_installs: dict[str, list[OperationMeta]] = {}
 
 
 def staging_only(host: Host) -> bool:
@@ -51,4 +53,5 @@ def endpoint_for(host: Host) -> Endpoint:
             logger.warning(f"sparkfleet: {warning}")
     restart_triggers.setdefault(host.name, [])
     activations.setdefault(host.name, [])
+    toolkit_installs.setdefault(host.name, [])
     return _fleets[key][host.name]

@@ -1,9 +1,10 @@
 """Step 2: the nvidia runtime in /etc/docker/daemon.json, loaded by a dockerd reload when that changed.
 
 A reload (SIGHUP) applies `runtimes` and `default-runtime` with every container left running, as NVIDIA's own
-installer does. Only a key dockerd cannot reload (CDI) takes a restart, which stops every container on the
-host: it is refused in the preflight while containers sparkfleet does not own run, unless
-`nvidia_docker_restart` allows it, and the endpoint it restarts is waited for by the health gate.
+installer does. Only a key dockerd cannot reload (CDI), or a toolkit installed under a running dockerd, takes a
+restart, which stops every container on the host: it is refused in the preflight while containers sparkfleet
+does not own run, unless `nvidia_docker_restart` allows it, and the endpoint it restarts is waited for by the
+health gate.
 """
 
 from __future__ import annotations
@@ -14,7 +15,15 @@ from pyinfra import host, state
 from pyinfra.api import deploy
 from pyinfra.operations import server, systemd
 
-from sparkfleet.deploys.context import activations, restart_triggers, staging_only, will_change
+from sparkfleet.deploys.context import (
+    activations,
+    changed,
+    restart_triggers,
+    staging_only,
+    toolkit_installs,
+    will_change,
+)
+from sparkfleet.deploys.toolkit import PACKAGES, installed_toolkit
 from sparkfleet.endpoint import CONTAINER, Endpoint
 from sparkfleet.facts import DaemonJson, RunningContainers
 from sparkfleet.operations import RUNTIME, docker_runtime, restart_keys, runtime_mode, wanted_daemon_json
@@ -23,11 +32,16 @@ DAEMON_JSON = "/etc/docker/daemon.json"
 RUNTIME_CONFIG = "/etc/nvidia-container-runtime/config.toml"
 
 
+# dockerd registers its GPU device driver (what `--gpus` uses) only when it starts, and only if NVIDIA's hook
+# is installed then (moby daemon/nvidia_linux.go): a toolkit installed under a running dockerd needs a restart.
+FRESH_TOOLKIT = "the NVIDIA Container Toolkit is being installed (dockerd enables --gpus only when it starts)"
+
+
 @dataclass(frozen=True)
 class RuntimePlan:
     """What registering the runtime will do to dockerd, known before anything changes."""
 
-    restart_keys: tuple[str, ...]  # changed daemon.json keys that dockerd cannot reload
+    restart_reasons: tuple[str, ...]  # why dockerd must restart (empty: a reload is enough)
     blocking: tuple[str, ...]  # running containers sparkfleet does not own, which a restart would stop
 
 
@@ -40,15 +54,18 @@ def runtime_plan(spark: Endpoint) -> RuntimePlan:
     if key not in _plans:
         config = spark.config
         fact = host.get_fact(DaemonJson, path=DAEMON_JSON, runtime=RUNTIME)
-        keys: list[str] = []
+        reasons: list[str] = []
         if fact and not fact["error"]:  # unreadable or broken: the preflight and step 2 say so
             current = fact["config"] or {}
             keys = restart_keys(current, wanted_daemon_json(current, fact["resolved"], config.nvidia_cdi,
                                                             config.nvidia_default_runtime))
+            reasons += [f"{', '.join(keys)} in {DAEMON_JSON} cannot be reloaded"] if keys else []
+        if PACKAGES[0] not in installed_toolkit():
+            reasons.append(FRESH_TOOLKIT)
         blocking: list[str] = []
-        if keys and not config.nvidia_docker_restart:
+        if reasons and not config.nvidia_docker_restart:
             blocking = [name for name in host.get_fact(RunningContainers) if name != CONTAINER]
-        _plans[key] = RuntimePlan(tuple(keys), tuple(blocking))
+        _plans[key] = RuntimePlan(tuple(reasons), tuple(blocking))
     return _plans[key]
 
 
@@ -57,9 +74,9 @@ def restart_problem(spark: Endpoint) -> str | None:
     plan = runtime_plan(spark)
     if not plan.blocking:
         return None
-    return (f"applying {', '.join(plan.restart_keys)} in {DAEMON_JSON} needs a dockerd restart, which would stop "
-            f"containers sparkfleet does not own: {', '.join(plan.blocking)}. Stop them first, or set "
-            "nvidia_docker_restart=true to allow the restart [host.docker-restart]")
+    return (f"dockerd must restart ({'; '.join(plan.restart_reasons)}), which would stop containers sparkfleet "
+            f"does not own: {', '.join(plan.blocking)}. Stop them first, or set nvidia_docker_restart=true to "
+            "allow the restart [host.docker-restart]")
 
 
 @deploy("Register the nvidia runtime with Docker")
@@ -77,13 +94,14 @@ def register_runtime(spark: Endpoint) -> None:
             name="Run the NVIDIA runtime in legacy mode, as nvidia_cdi=false asks",
             path=RUNTIME_CONFIG, mode="legacy",
         ))
-    if not will_change(daemon):
+    installs = toolkit_installs[spark.host]
+    if not will_change(daemon, *installs):
         return
-    keys = runtime_plan(spark).restart_keys
-    if keys:
+    reasons = runtime_plan(spark).restart_reasons
+    if reasons:
         activations[spark.host].append(systemd.service(
-            name=f"Restart dockerd to apply {', '.join(keys)} (cannot be reloaded; restarts every container)",
-            service="docker.service", running=True, restarted=True, _if=daemon.did_change,
+            name=f"Restart dockerd: {'; '.join(reasons)}. This restarts every container",
+            service="docker.service", running=True, restarted=True, _if=changed(daemon, *installs),
         ))
     else:
         systemd.service(
@@ -95,5 +113,5 @@ def register_runtime(spark: Endpoint) -> None:
         checks.append("test \"$(docker info --format '{{.DefaultRuntime}}')\" = nvidia")
     server.shell(
         name="Check that dockerd now lists the nvidia runtime", commands=checks,
-        _if=daemon.did_change, _retries=10, _retry_delay=2,
+        _if=changed(daemon, *installs), _retries=10, _retry_delay=2,
     )

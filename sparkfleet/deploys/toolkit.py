@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import io
 
-from pyinfra import host, logger
+from pyinfra import host, logger, state
 from pyinfra.api import deploy
 from pyinfra.operations import apt, files, systemd
 
-from sparkfleet.deploys.context import activations, changed, staging_only, will_change
+from sparkfleet.deploys.context import activations, changed, staging_only, toolkit_installs, will_change
 from sparkfleet.endpoint import UNIT, Endpoint
 from sparkfleet.facts import AptSourceFiles, AptVersions, InstalledVersions
 from sparkfleet.operations import apt_keyring
@@ -56,7 +56,7 @@ def install_toolkit(spark: Endpoint) -> None:
                 src=f"deb [signed-by={KEYRING}] {config.nvidia_repo_url} /", filename=SOURCE,
             ),
         ]
-    installed = host.get_fact(InstalledVersions, packages=PACKAGES)
+    installed = installed_toolkit()
     if all(installed.get(package) == version for package in PACKAGES):
         if will_change(*source_ops):
             apt.update(name="Refresh apt's lists for the changed NVIDIA source", _if=changed(*source_ops))
@@ -64,12 +64,23 @@ def install_toolkit(spark: Endpoint) -> None:
         logger.warning(f"{host.name}: the toolkit moves to {version} in this host's batch, not while staging")
         return
     else:
-        _change_version(spark, version)
+        _change_version(spark, version, installed)
     files.put(name=f"Hold the toolkit packages at {version} (apt preferences)", src=io.StringIO(pin_text(version)),
               dest=PIN, mode="644")
 
 
-def _change_version(spark: Endpoint, version: str) -> None:
+_installed: dict[tuple[int, str], dict[str, str]] = {}
+
+
+def installed_toolkit() -> dict[str, str]:
+    """The toolkit packages installed before this run (read once per host: the preflight needs it too)."""
+    key = (id(state), host.name)
+    if key not in _installed:
+        _installed[key] = host.get_fact(InstalledVersions, packages=PACKAGES)
+    return _installed[key]
+
+
+def _change_version(spark: Endpoint, version: str, installed: dict[str, str]) -> None:
     """Install or move the toolkit, with the endpoint stopped first when it runs (started again in step 4)."""
     if version not in host.get_fact(AptVersions, package=PACKAGES[0]):
         apt.update(name="Refresh apt's lists: the pinned version is not in them yet")
@@ -78,8 +89,10 @@ def _change_version(spark: Endpoint, version: str) -> None:
         service=f"{UNIT}.service", running=False,
     )
     activations[spark.host].append(stop)  # the health gate waits for the endpoint that step 4 starts again
-    apt.packages(
+    packages = apt.packages(
         name=f"Install the toolkit packages pinned to {version}",
         packages=[f"{package}={version}" for package in PACKAGES],
         extra_install_args="--allow-downgrades --allow-change-held-packages",
     )
+    if PACKAGES[0] not in installed:  # the hook that dockerd's --gpus driver needs arrives now
+        toolkit_installs[spark.host].append(packages)

@@ -113,7 +113,8 @@ def test_a_restart_is_refused_while_the_owners_containers_run(adopted: tuple, sp
     before = (_started(spark01.container), on_host(spark01.container, f"sha256sum {DAEMON_JSON}"))
     run = pyinfra("deploy.py", "--limit", HOST, "--data", "nvidia_cdi=false", check=False)
     assert run.returncode != 0
-    assert "needs a dockerd restart, which would stop containers sparkfleet does not own: owner-webui" in run.output
+    assert "features in /etc/docker/daemon.json cannot be reloaded), which would stop containers sparkfleet does " \
+           "not own: owner-webui" in run.output
     assert "nvidia_docker_restart=true" in run.output and "Traceback" not in run.output
     assert (_started(spark01.container), on_host(spark01.container, f"sha256sum {DAEMON_JSON}")) == before
 
@@ -122,7 +123,7 @@ def test_cdi_off_with_the_restart_allowed(adopted: tuple, spark01: fleet.LabHost
     before = _started(spark01.container)
     data = ["--data", "nvidia_cdi=false", "--data", "nvidia_docker_restart=true"]
     run = pyinfra("deploy.py", "--limit", HOST, *data)
-    assert run.changed_by("Restart dockerd to apply features") == 1
+    assert run.changed_by("Restart dockerd: features in /etc/docker/daemon.json cannot be reloaded") == 1
     assert run.changed_by(HEALTHY) == 1  # the endpoint the restart took down was waited for
     daemon = json.loads(on_host(spark01.container, f"cat {DAEMON_JSON}"))
     assert daemon["features"] == {"cdi": False} and daemon["default-runtime"] == "nvidia"

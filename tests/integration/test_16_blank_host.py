@@ -38,8 +38,11 @@ def deployed_blank(blank: fleet.LabHost) -> Run:
 def test_toolkit_and_runtime_are_installed_from_scratch(deployed_blank: Run, blank: fleet.LabHost) -> None:
     for operation in ("Install NVIDIA's repository key", "Add NVIDIA's container toolkit apt source",
                       "Refresh apt's lists", "Install the toolkit packages pinned to 1.19.0-1",
-                      "Register the nvidia runtime in daemon.json", "Reload dockerd", HEALTHY):
+                      "Register the nvidia runtime in daemon.json", HEALTHY,
+                      # dockerd enables --gpus only when it starts with NVIDIA's hook installed: a reload is not enough
+                      "Restart dockerd: the NVIDIA Container Toolkit is being installed"):
         assert deployed_blank.changed_by(operation) == 1, operation
+    assert "Reload dockerd" not in deployed_blank.output
     daemon = json.loads(on_host(blank.container, "cat /etc/docker/daemon.json"))
     assert daemon["runtimes"]["nvidia"] == {"path": "nvidia-container-runtime", "args": []}
     assert "default-runtime" not in daemon and "features" not in daemon  # unmanaged: Docker's defaults stay
