@@ -6,8 +6,17 @@ import argparse
 import json
 import sys
 
+import click
+from pyinfra.api.exceptions import PyinfraError
+
 from sparkfleet import rollout
+from sparkfleet.config import InventoryError
 from sparkfleet.docs import variables_table
+from sparkfleet.secrets import SecretError
+
+# Errors a user can cause and fix (bad inventory, targeting, secrets, arguments, a file on this controller): one
+# paragraph and exit 1, never a traceback. Anything else is a bug and keeps its traceback.
+EXPECTED = (InventoryError, PyinfraError, SecretError, ValueError, OSError, click.ClickException)
 
 
 def add_targeting(command: argparse.ArgumentParser) -> None:
@@ -77,6 +86,16 @@ def _drift(args: argparse.Namespace) -> int:
     return report.exit_code
 
 
+def explain(error: BaseException) -> str:
+    """An expected error as the one paragraph the operator reads."""
+    if isinstance(error, click.ClickException):
+        return error.format_message()
+    if isinstance(error, OSError) and error.filename:
+        return (f"{error.filename}: {error.strerror or error} on this controller: check the path and its "
+                "permissions; nothing was changed on any host")
+    return str(error) or type(error).__name__
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="sparkfleet", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -85,6 +104,17 @@ def main(argv: list[str] | None = None) -> int:
     _read_only_parsers(commands)
     rollout.add_parser(commands, add_targeting)
     args = parser.parse_args(argv)
+    try:
+        return _dispatch(args)
+    except KeyboardInterrupt:
+        sys.stderr.write(f"sparkfleet {args.command}: interrupted\n")
+        return 130
+    except EXPECTED as error:
+        sys.stderr.write(f"sparkfleet {args.command}: {explain(error)}\n")
+        return 1
+
+
+def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "rollout":
         return rollout.main(args)
     if args.command == "doctor":

@@ -7,8 +7,10 @@ Every variable sparkfleet reads is a field of `SparkConfig`; README's table is g
 from __future__ import annotations
 
 import difflib
+import re
 from pathlib import PurePosixPath
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
@@ -42,8 +44,39 @@ def _model_source(value: str) -> str:
                      "or an absolute directory on the controller")
 
 
+# What RFC 3986 lets a URL hold as written (anything else is percent-encoded), less the single quote.
+_URL_TEXT = re.compile(r"[A-Za-z0-9._~:/?#\[\]@!$&()*+,;=%-]*")
+ARCH = "$(ARCH)"  # apt expands it in a repository URL (and nothing else)
+
+
+def _web_url(value: str, expands: str = "") -> str:
+    """An http(s) URL with a host, holding only characters a URL may hold; `expands` is a variable left for
+    the consumer (apt's $(ARCH)). Values stay plain strings: the deploy quotes them wherever they meet a shell."""
+    try:
+        parts = urlsplit(value)
+        scheme, host = parts.scheme, parts.hostname
+    except ValueError:
+        scheme = host = None
+    if scheme not in ("http", "https") or not host:
+        raise ValueError("not an http(s) URL with a host; give e.g. https://mirror.lan/path")
+    text = value.replace(expands, "") if expands else value
+    if not _URL_TEXT.fullmatch(text):
+        shown = next(char for char in text if not _URL_TEXT.fullmatch(char))
+        raise ValueError(f"{shown!r} cannot stand in a URL as written; percent-encode it")
+    if "$(" in text:
+        where = f"only {expands} is expanded (by apt)" if expands else "it is fetched as written (no $(ARCH) here)"
+        raise ValueError(f"a `$(...)` variable here is never expanded: {where}")
+    return value
+
+
+def _apt_repo_url(value: str) -> str:
+    return _web_url(value, expands=ARCH)
+
+
 SecretRef = Annotated[str, AfterValidator(_secret_ref)]
 AbsolutePath = Annotated[str, AfterValidator(_absolute)]
+WebUrl = Annotated[str, AfterValidator(_web_url)]  # http(s), as curl fetches it
+AptRepoUrl = Annotated[str, AfterValidator(_apt_repo_url)]  # http(s), $(ARCH) left for apt
 
 
 class SparkConfig(BaseModel):
@@ -60,6 +93,10 @@ class SparkConfig(BaseModel):
     vllm_image: str | None = Field(
         None, description="Image overriding the recipe's, by tag or digest.",
         examples=["vllm/vllm-openai:v0.28.0@sha256:…"])
+    vllm_validated_images: list[str] = Field(
+        default_factory=list, description="Images (tag or @sha256 digest) your GB10 canary served this recipe with; "
+        "an image in neither this list nor the recipe's gets a warning, a recipe's known-bad image an error.",
+        examples=[["vllm/vllm-openai@sha256:…"]])
     vllm_port: int = Field(8000, ge=1, le=65535, description="Port the endpoint serves on (host network).",
                            examples=[8001])
     vllm_served_model_name: str | None = Field(
@@ -83,11 +120,11 @@ class SparkConfig(BaseModel):
     weights_verify: Literal["fast", "full"] = Field(
         "fast", description="`fast` checks presence, sizes and mtimes against the staging manifest; `full` "
         "re-hashes every file and repairs what differs.", examples=["full"])
-    nvidia_repo_url: str = Field(
+    nvidia_repo_url: AptRepoUrl = Field(
         "https://nvidia.github.io/libnvidia-container/stable/deb/$(ARCH)",
         description="NVIDIA Container Toolkit apt repository; apt expands $(ARCH).",
         examples=["http://apt-mirror.lan/libnvidia-container/stable/deb/$(ARCH)"])
-    nvidia_key_url: str = Field(
+    nvidia_key_url: WebUrl = Field(
         "https://nvidia.github.io/libnvidia-container/gpgkey", description="Signing key of that repository.",
         examples=["http://apt-mirror.lan/libnvidia-container/gpgkey"])
     nvidia_key_fingerprint: str = Field(
@@ -105,14 +142,20 @@ class SparkConfig(BaseModel):
         None, description="`nvidia` as dockerd's default runtime: null leaves the host's setting alone (a stock "
         "Spark may have it on, and its other containers rely on it).", examples=[True])
     nvidia_docker_restart: bool = Field(
-        False, description="Allow a dockerd restart (needed only for CDI changes) while containers sparkfleet "
-        "does not own are running; it stops and restarts them.", examples=[True])
+        False, description="Allow a dockerd restart (needed only for a CDI change or a first toolkit install) "
+        "while containers sparkfleet does not own are running; it stops and restarts them.", examples=[True])
     health_interval_seconds: int = Field(30, ge=5, description="How often the health timer probes.",
                                          examples=[60])
     health_alert_after: int = Field(3, ge=1, description="Consecutive failures before an alert.", examples=[5])
     health_deep_every: int = Field(
         10, ge=1, description="Every Nth probe also sends a 1-token completion (catches a hung engine).",
         examples=[4])
+    health_renotify_minutes: int = Field(
+        60, ge=0, description="Repeat an open alert (journal and webhook) this often while the endpoint stays "
+        "unhealthy; 0 alerts once per incident.", examples=[240])
+    health_min_mem_available_gib: float = Field(
+        4.0, ge=0, description="Alert when the host's MemAvailable falls below this many GiB (CPU and GPU share "
+        "unified memory; hosts wedge when it runs out); 0 disables.", examples=[8])
     health_webhook_url: SecretRef | None = Field(
         None, description="Where the alert webhook URL comes from (it often embeds a token).",
         examples=["env:SPARKFLEET_WEBHOOK"])

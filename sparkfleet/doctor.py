@@ -7,7 +7,9 @@ connection; the others are reached over SSH and read once (SparkFacts).
 
 from __future__ import annotations
 
+import fnmatch
 import os
+import re
 import sys
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
@@ -17,10 +19,12 @@ from pyinfra.api import Config, Host, State
 from pyinfra.api.exceptions import ConnectError, PyinfraError
 from pyinfra.api.facts import get_fact
 from pyinfra.context import ctx_config, ctx_inventory, ctx_state
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
 from sparkfleet import rules
+from sparkfleet.config import InventoryError
 from sparkfleet.endpoint import Endpoint
 from sparkfleet.fleet import load_endpoint
 from sparkfleet.memory import SPARK_MEMORY_BYTES, budget, explain
@@ -29,6 +33,30 @@ from sparkfleet.preflight import HOST_CHECKS, Facts, SparkFacts, checkpoint_size
 Status = Literal["ok", "warning", "error"]
 NOMINAL_MEMORY_RULES = ("capacity.memory", "capacity.memory-tight")  # superseded by host.memory once read
 COLOURS = {"ok": "green", "warning": "yellow", "error": "bold red"}
+# The variable each always-run host check judges, for its `ok` row (its findings name their own field).
+HOST_FIELDS = {"host.arch": "vllm_image", "host.os": "host", "host.docker": "host", "host.gpu": "host",
+               "host.memory": "vllm_args.gpu-memory-utilization", "host.disk": "model_dir", "host.port": "vllm_port",
+               "host.dropin": "host"}
+_FIELD = re.compile(r"^`([^`]+)`")
+
+
+class TargetError(ValueError):
+    """The inventory and `--limit` select no host: nothing to check or change, and nothing was."""
+
+
+def _names(names: Iterable[str], most: int = 8) -> str:
+    names = sorted(names)
+    return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
+def no_target(inventory: str, patterns: list[str], hosts: list[str], groups: list[str]) -> str:
+    """One paragraph: why no host is targeted, and what would target one."""
+    if not hosts:
+        return (f"{inventory} defines no hosts: list them in it as pyinfra inventories do (see "
+                "inventory/sparks.py), or check the path; nothing was changed on any host")
+    known = f"hosts: {_names(hosts)}" + (f"; groups: {_names(groups)}" if groups else "")
+    return (f"--limit {','.join(patterns)} matches no host in {inventory} ({known}): give a host name, group or "
+            "glob from it; nothing was changed on any host")
 
 
 @dataclass(frozen=True)
@@ -79,10 +107,13 @@ def load_hosts(inventory: str, limits: Iterable[str], data: Iterable[str]) -> tu
     """The targeted hosts, built by pyinfra_cli itself so `--limit` and `--data` mean what they mean there.
 
     `--limit` also takes comma-separated patterns. Importing pyinfra_cli monkey-patches the process with
-    gevent (as the pyinfra CLI runs), which is why it happens here and not at import time.
+    gevent (as the pyinfra CLI runs), which is why it happens here and not at import time. Raises InventoryError
+    when the inventory file cannot be loaded and TargetError when no host is targeted.
     """
+    import click
     import pyinfra_cli  # noqa: F401  (gevent's monkey patching first, as in the pyinfra CLI)
     from pyinfra_cli.cli import _apply_inventory_limit
+    from pyinfra_cli.exceptions import UnexpectedExternalError
     from pyinfra_cli.inventory import make_inventory
     from pyinfra_cli.util import parse_cli_arg
 
@@ -94,21 +125,42 @@ def load_hosts(inventory: str, limits: Iterable[str], data: Iterable[str]) -> tu
     ctx_state.set(state)
     ctx_config.set(config)
     overrides = {key: parse_cli_arg(value) for key, _, value in (item.partition("=") for item in data)}
-    hosts = make_inventory(inventory, override_data=overrides, cwd=cwd)
+    try:
+        hosts = make_inventory(inventory, override_data=overrides, cwd=cwd)
+    except UnexpectedExternalError as error:  # the inventory file's own code raised
+        raise InventoryError(f"{inventory} cannot be loaded ({type(error.exception).__name__}: {error.exception}): "
+                             f"fix it (`python {inventory}` shows where); nothing was changed on any host") from None
+    except (SyntaxError, TypeError, click.ClickException) as error:
+        why = error.format_message() if isinstance(error, click.ClickException) else f"{type(error).__name__}: {error}"
+        raise InventoryError(f"{inventory} is not a usable pyinfra inventory ({why}): fix it; nothing was "
+                             "changed on any host") from None
     ctx_inventory.set(hosts)
     patterns = [part for limit in limits for part in limit.split(",") if part]
+    names = [host.name for host in hosts]
+    groups = [name for name, members in hosts.groups.items() if members and name != "all"]
+    # pyinfra's own matching (a group, else a glob over host names) only warns when nothing matches.
+    if not names or (patterns and not any(pattern in groups or fnmatch.filter(names, pattern)
+                                           for pattern in patterns)):
+        raise TargetError(no_target(inventory, patterns, names, groups))
     state.init(hosts, config, initial_limit=_apply_inventory_limit(hosts, patterns))
     return state, [host for host in hosts if state.is_host_in_limit(host)]
+
+
+def inventory_row(host: str, error: str) -> Row:
+    """An inventory error as a row; its field is the variable the sentence starts with (`name` ...)."""
+    message = error.removeprefix(f"{host}: ")
+    found = _FIELD.match(message)
+    return Row("inventory", "error", found.group(1) if found else "", message)
 
 
 def recipe_rows(name: str, data: dict[str, object]) -> tuple[Endpoint | None, list[Row]]:
     """The inventory and recipe verdict of one host, as `deploy.py` would reach it (fleet.load_endpoint)."""
     endpoint, errors, _ = load_endpoint(name, data)
     if endpoint is None:
-        return None, [Row("inventory", "error", "", error.removeprefix(f"{name}: ")) for error in errors]
+        return None, [inventory_row(name, error) for error in errors]
     findings = rules.check(endpoint)
     ruled = {f"{name}: `{f.field}`: {f.message} [{f.rule}]" for f in findings}
-    rows = [Row("inventory", "error", "", error.removeprefix(f"{name}: ")) for error in errors if error not in ruled]
+    rows = [inventory_row(name, error) for error in errors if error not in ruled]
     rows += [Row.of(finding) for finding in findings]
     if not rows:
         rows.append(Row("recipe", "ok", "vllm_recipe", f"{endpoint.recipe.name}: flag, capacity and platform "
@@ -124,7 +176,7 @@ def host_rows(endpoint: Endpoint, facts: Facts) -> list[Row]:
     rows = []
     for check in HOST_CHECKS:
         mine = [Row.of(f) for f in findings if f.rule == check]
-        rows += mine or [Row(check, "ok", "", summary[check])]
+        rows += mine or [Row(check, "ok", HOST_FIELDS.get(check, "host"), summary[check])]
     return rows + [Row.of(f) for f in findings if f.rule not in HOST_CHECKS]
 
 
@@ -138,8 +190,9 @@ def read_host(state: State, host: Host, endpoint: Endpoint) -> Facts | str:
     except (ConnectError, PyinfraError, OSError) as error:
         return f"cannot connect over SSH ({error or type(error).__name__}): check ssh_hostname, ssh_user, keys"
     if facts is None:
-        return "connected, but the preflight command failed (python3 missing?); run `pyinfra INVENTORY " \
-               "fact server.Os` to see the host's answer"
+        return ("connected, but the preflight gave no usable answer (python3 missing, or output that is not one "
+                "JSON object: the error printed above says which); run `pyinfra INVENTORY fact server.Os` to see "
+                "the host's answer")
     return facts
 
 
@@ -167,14 +220,20 @@ def diagnose(inventory: str, limits: Iterable[str] = (), data: Iterable[str] = (
 
 
 def render(reports: list[HostReport], console: Console, explain_budget: bool) -> None:
-    """One table per host, its memory budget when asked, then a one-line verdict."""
+    """One table per host, its memory budget when asked, then a one-line verdict.
+
+    Each row names the variable to change (the field) with the rule id beneath it; light borders leave the
+    message most of an 80-column terminal.
+    """
     for report in reports:
-        table = Table(title=f"{report.host}: {report.status}", title_justify="left", show_lines=False)
-        table.add_column("rule", no_wrap=True)
+        table = Table(title=f"{report.host}: {report.status}", title_justify="left", box=box.SIMPLE_HEAD,
+                      show_edge=False, pad_edge=False)
         table.add_column("status", no_wrap=True)
-        table.add_column("message")
+        table.add_column("field / rule", no_wrap=True)
+        table.add_column("message", ratio=1)
         for row in report.rows:
-            table.add_row(row.rule, f"[{COLOURS[row.status]}]{row.status}[/]", row.message)
+            table.add_row(f"[{COLOURS[row.status]}]{row.status}[/]", f"{row.field or '-'}\n[dim]{row.rule}[/]",
+                          row.message)
         console.print(table)
         terms = report.budget_terms() if explain_budget else []
         if terms:

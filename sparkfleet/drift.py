@@ -236,11 +236,11 @@ def host_drift(spark: Endpoint, answer: status.Answer, plan: Plan) -> HostDrift:
 
 
 def check(inventory: str, limits: Iterable[str] = (), data: Iterable[str] = ()) -> Report:
-    """Dry run and host reports at once; a host with a bad inventory is left to the dry run's message."""
+    """Dry run and host reports at once; a host with a bad inventory is left to the dry run's message.
+
+    A `--limit` that targets no host raises doctor.TargetError (the CLI prints it and exits 1)."""
     status.quiet_pyinfra()
     state, hosts = load_hosts(inventory, limits, data)
-    if not hosts:
-        return Report([], ["no host matched the inventory and --limit"])
     endpoints: dict[str, Endpoint | None] = {host.name: load_endpoint(host.name, host.data.dict())[0]
                                               for host in hosts}
     reachable = [host for host in hosts if endpoints[host.name] is not None]

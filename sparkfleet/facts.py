@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
+from pyinfra.api.exceptions import FactProcessError
 
 # Reads daemon.json and resolves every runtime path the way dockerd does (PATH lookup, then symlinks), so
 # `nvidia-container-runtime` and `/usr/bin/nvidia-container-runtime` compare as the one binary they are.
@@ -148,6 +149,31 @@ class DockerImageId(FactBase):
         return text or None
 
 
+class UnitResult(FactBase):
+    """systemd's Result of a unit (`success`, `exit-code`, `start-limit-hit`, ...)."""
+
+    def command(self, unit: str) -> StringCommand:
+        return StringCommand("systemctl show -p Result --value", QuoteString(unit), "2>/dev/null", "||", "true")
+
+    def process(self, output: list[str]) -> str:
+        return output[0].strip() if output else ""
+
+
+def json_object(output: list[str], what: str, fix: str) -> dict:
+    """A fact's output as one JSON object, or FactProcessError (the only error pyinfra reports as the host's
+    problem rather than a traceback) saying what the host printed instead and how to see why."""
+    text = "\n".join(output)
+    try:
+        data = json.loads(text)
+    except ValueError:
+        data = None
+    if not isinstance(data, dict):
+        first = next((line.strip() for line in output if line.strip()), "nothing")
+        # `from None`: pyinfra prints an exception's __cause__ instead of the exception when there is one.
+        raise FactProcessError(f"{what} printed {first[:120]!r} where one JSON object was expected: {fix}") from None
+    return data
+
+
 class WeightsCheck(FactBase):
     """The staging script's verdict on a model directory: {"state": "ok" | "stale" | "absent", ...}."""
 
@@ -155,7 +181,13 @@ class WeightsCheck(FactBase):
         return f"if [ -f {script} ]; then python3 {script} check {args}; else echo '{{\"state\": \"absent\"}}'; fi"
 
     def process(self, output: list[str]) -> dict:
-        return json.loads("\n".join(output))
+        fix = ("run `python3 /usr/local/lib/sparkfleet/stage_weights.py check --help` on the host to see why (a "
+               "broken python3, or a script from another sparkfleet version: delete it and re-run the deploy, "
+               "which installs this one)")
+        data = json_object(output, "the weights check", fix)
+        if data.get("state") not in ("ok", "stale", "absent"):
+            raise FactProcessError(f"the weights check answered {str(data)[:120]!r}, which has no known state: {fix}")
+        return data
 
 
 class WeightsLoaded(FactBase):

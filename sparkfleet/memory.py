@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from dataclasses import dataclass, field
 
 from sparkfleet.endpoint import Endpoint
 from sparkfleet.recipes import FlagValue, ModelShape
+from sparkfleet.vllm_flags import parse_size, read_number
 
 GiB = 2**30
 KiB = 2**10
@@ -25,10 +25,10 @@ SPARK_MEMORY_BYTES = 128 * 10**9
 # arithmetic is multiplied by this.
 SAFETY_FACTOR = 4.0
 # vLLM's own defaults when a flag is unset. GB10 reports its whole unified memory (>= 70 GiB) to vLLM, so
-# get_batch_defaults() picks the large-GPU values for the API server: 1024 sequences, 8192 batched tokens.
+# get_batch_defaults() picks the large-GPU values: 1024 sequences and, in vLLM 0.28, 16384 batched tokens.
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 DEFAULT_MAX_NUM_SEQS = 1024
-DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 16384
 # CUDA context, torch and NCCL runtime, CUDA graphs for every captured batch size, allocator slack.
 OVERHEAD_BYTES = 5 * GiB
 # vLLM's profile run pushes max-num-batched-tokens through one forward pass. Per token, Qwen3.6 holds a few
@@ -36,14 +36,8 @@ OVERHEAD_BYTES = 5 * GiB
 # (8 x 3 x 512 x 2 B = 24 KiB), fp32 norm upcasts, router logits and DeltaNet chunk buffers: a few tens of
 # KiB. 128 KiB bounds it with margin (1 GiB at the recipes' 8192 tokens, 6 GiB overhead in all).
 ACTIVATION_BYTES_PER_BATCHED_TOKEN = 128 * KiB
-# Suggested max-model-len values are rounded down to this, as operators write them.
+# Suggested max-model-len and max-num-batched-tokens values are rounded down to this, as operators write them.
 CONTEXT_STEP = 1024
-
-# vLLM's human_readable_int (vllm/utils/argparse_utils.py): `k` is 1000, `K` is 1024, and decimals are
-# allowed only with the decimal suffixes ("25.6k" yes, "1.5K" is rejected).
-_SIZE = re.compile(r"(\d+(?:\.\d+)?)([kKmMgGtT])")
-_DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
-_BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
 
 @dataclass(frozen=True)
@@ -81,33 +75,37 @@ class Budget:
         return (self.available - self.total) / self.available
 
     @property
-    def _fixed(self) -> int:
-        """Terms that do not grow with sequences or context."""
+    def fixed(self) -> int:
+        """Terms that do not grow with sequences or context (weights, MTP drafter, overhead)."""
         return self.weights + self.mtp + self.overhead
 
-    def max_num_seqs_that_fit(self) -> int:
-        """Most sequences of max-model-len tokens that fit; 0 when not even one does."""
-        per_seq = self.kv_per_token * self.max_model_len + self.linear_state_per_seq
-        return max(0, (self.available - self._fixed) // per_seq)
+    @property
+    def activations(self) -> int:
+        """The part of the overhead that grows with max-num-batched-tokens (vLLM's profile run)."""
+        return ACTIVATION_BYTES_PER_BATCHED_TOKEN * self.max_num_batched_tokens
 
-    def max_model_len_that_fits(self) -> int:
-        """Longest context that fits with max-num-seqs sequences; 0 when not even one token does."""
-        room = self.available - self._fixed - self.linear_state_per_seq * self.max_num_seqs
-        return max(0, room // (self.kv_per_token * self.max_num_seqs))
+    def max_num_seqs_that_fit(self, max_model_len: int | None = None) -> int:
+        """Most sequences of `max_model_len` (default: the budget's) tokens that fit; 0 when not even one does."""
+        length = self.max_model_len if max_model_len is None else max_model_len
+        per_seq = self.kv_per_token * length + self.linear_state_per_seq
+        return max(0, (self.available - self.fixed) // per_seq)
+
+    def max_model_len_that_fits(self, max_num_seqs: int | None = None) -> int:
+        """Longest context that fits with `max_num_seqs` (default: the budget's) sequences; 0 when not even one
+        token does."""
+        seqs = self.max_num_seqs if max_num_seqs is None else max_num_seqs
+        room = self.available - self.fixed - self.linear_state_per_seq * seqs
+        return max(0, room // (self.kv_per_token * seqs))
+
+    def max_num_batched_tokens_that_fit(self) -> int:
+        """Most batched tokens whose activations still fit beside everything else; 0 when none do."""
+        room = self.available - (self.total - self.activations)
+        return max(0, room // ACTIVATION_BYTES_PER_BATCHED_TOKEN)
 
 
 def parse_tokens(value: FlagValue) -> int:
     """A token count as vLLM reads it: an int, or a size string like "128k" (128000) or "128K" (131072)."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    text = str(value).strip()  # a bool or float ends as "True" or "8.0": int() rejects both, as vLLM does
-    match = _SIZE.fullmatch(text)
-    if match is None:
-        return int(text)
-    number, suffix = match.groups()
-    if suffix in _DECIMAL:
-        return int(float(number) * _DECIMAL[suffix])
-    return int(number) * _BINARY[suffix]
+    return parse_size(value)
 
 
 def kv_bytes_per_value(kv_cache_dtype: str) -> int:
@@ -126,28 +124,22 @@ def mtp_enabled(args: dict[str, FlagValue]) -> bool:
     return isinstance(config, dict) and "mtp" in str(config.get("method", ""))
 
 
-def _positive(name: str, value: int) -> int:
-    if value <= 0:
-        raise ValueError(f"{name} must be positive, not {value}")
-    return value
-
-
-def _fraction(value: FlagValue) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"{value!r} is not a number")
-    return float(value)
+def _flag(args: dict[str, FlagValue], name: str, default: FlagValue) -> int | float:
+    """A flag as vLLM reads it, range-checked; ValueError when the flag rules (flag.number, flag.range) refuse it."""
+    return read_number(name, args.get(name, default))
 
 
 def budget(endpoint: Endpoint, memory_bytes: int = SPARK_MEMORY_BYTES) -> Budget:
     """The endpoint's memory budget on a host with `memory_bytes` of unified memory.
 
-    Raises ValueError or TypeError when a flag it reads is not a number (flag.number reports those).
+    Raises ValueError when a flag it reads is not a number vLLM accepts (flag.number and flag.range report
+    those, with the same parser: a value the budget cannot read is never silently skipped).
     """
     args, model = endpoint.args, endpoint.recipe.model
-    max_model_len = _positive("max-model-len", parse_tokens(args.get("max-model-len", model.native_context)))
-    max_num_seqs = _positive("max-num-seqs", parse_tokens(args.get("max-num-seqs", DEFAULT_MAX_NUM_SEQS)))
-    batched = parse_tokens(args.get("max-num-batched-tokens", DEFAULT_MAX_NUM_BATCHED_TOKENS))
-    gmu = _fraction(args.get("gpu-memory-utilization", DEFAULT_GPU_MEMORY_UTILIZATION))
+    max_model_len = int(_flag(args, "max-model-len", model.native_context))
+    max_num_seqs = int(_flag(args, "max-num-seqs", DEFAULT_MAX_NUM_SEQS))
+    batched = int(_flag(args, "max-num-batched-tokens", DEFAULT_MAX_NUM_BATCHED_TOKENS))
+    gmu = float(_flag(args, "gpu-memory-utilization", DEFAULT_GPU_MEMORY_UTILIZATION))
     kv_dtype = str(args.get("kv-cache-dtype", "auto"))
     kv_raw = model.full_attention_layers * 2 * model.kv_heads * model.head_dim * kv_bytes_per_value(kv_dtype)
     kv_per_token = math.ceil(kv_raw * SAFETY_FACTOR)

@@ -25,13 +25,20 @@ def apt_keyring(src: str, fingerprint: str, dest: str):
     if fingerprint in host.get_fact(KeyringFingerprints, path=dest):
         host.noop(f"keyring {dest} holds {fingerprint}")
         return
+    yield keyring_command(src, fingerprint, dest)
+
+
+def keyring_command(src: str, fingerprint: str, dest: str) -> str:
+    """Download, check and install a keyring. Every inventory value reaches the shell through shlex.quote, the
+    refusal message too (printf's arguments, never its format), so a URL cannot run a command on the host."""
     q_src, q_dest, q_fpr = shlex.quote(src), shlex.quote(dest), shlex.quote(fingerprint)
-    yield (
+    refusal = shlex.quote("the key at %s has fingerprint %s, not %s: refusing it "
+                          "(a rotated key needs a new nvidia_key_fingerprint)\\n")  # printf expands it: one line
+    return (
         "set -e; t=$(mktemp -d); trap 'rm -rf \"$t\"' EXIT; "
         f"curl -fsSL --retry 3 {q_src} -o \"$t/key\"; "
         "got=$(gpg --show-keys --with-colons \"$t/key\" | awk -F: '/^pub/{w=1;next} w&&/^fpr/{print $10;exit}'); "
-        f"if [ \"$got\" != {q_fpr} ]; then echo \"the key at {src} has fingerprint $got, not {fingerprint}: "
-        "refusing it (a rotated key needs a new nvidia_key_fingerprint)\" >&2; exit 1; fi; "
+        f"if [ \"$got\" != {q_fpr} ]; then printf {refusal} {q_src} \"$got\" {q_fpr} >&2; exit 1; fi; "
         f"gpg --dearmor < \"$t/key\" > \"$t/keyring\"; install -m 0644 \"$t/keyring\" {q_dest}"
     )
 
@@ -150,6 +157,12 @@ def weights_staged(script: str, dest: str, source: str, verify: str, sums_file: 
     wanted = ["--sums-url", source.rstrip("/") + "/SHA256SUMS"] if remote else ["--digest", digest]
     check_args = shlex.join(["--dest", dest, *wanted, *full])
     result = host.get_fact(WeightsCheck, script=script, args=check_args)
+    if result is None:
+        # pyinfra printed why (WeightsCheck raises FactProcessError) and failed this host; should it still run
+        # (`_ignore_errors`), stop before staging anything rather than guess at the weights' state.
+        why = f"the weights check in {dest} gave no verdict (see the error above); nothing was staged"
+        yield f"echo {shlex.quote(why)} >&2; exit 1"
+        return
     if result["state"] == "ok":
         host.noop(f"weights in {dest} match the manifest ({result['files']} files)")
         return

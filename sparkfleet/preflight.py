@@ -7,7 +7,6 @@ messages naming the fix. `deploy.py` refuses a host with an error before its fir
 
 from __future__ import annotations
 
-import json
 import shlex
 from collections.abc import Iterator
 from dataclasses import replace
@@ -17,6 +16,7 @@ from typing import Any
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
 from sparkfleet.endpoint import CONTAINER, UNIT, Endpoint
+from sparkfleet.facts import json_object
 from sparkfleet.manifest import SKIP
 from sparkfleet.memory import budget, gb
 from sparkfleet.rules import Finding, memory_budget_for
@@ -57,8 +57,11 @@ class SparkFacts(FactBase):
                              f"{UNIT}.service", CONTAINER)
 
     def process(self, output: list[str]) -> Facts:
-        facts = json.loads("\n".join(output))
-        facts["dropins"] = dockerd_flags(facts.pop("dropin_texts", {}))
+        facts = json_object(output, "the host preflight (sparkfleet/remote/host_facts.py)",
+                            "check that `python3 --version` works on the host and that nothing else prints on its "
+                            "non-interactive shell (an echo in ~/.bashrc); nothing was changed on it")
+        texts = facts.pop("dropin_texts", {})
+        facts["dropins"] = dockerd_flags(texts if isinstance(texts, dict) else {})
         return facts
 
 

@@ -47,10 +47,23 @@ class Rollout:
                 "hosts": [asdict(result) for result in self.results.values()]}
 
 
+def host_count(text: str) -> int:
+    """argparse type of --canary and --batch: a whole number of hosts, at least 1."""
+    try:
+        count = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of hosts: give 1 or more") from None
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"{count} hosts cannot make a batch: give 1 or more "
+                                         "(every batch, the canary first, deploys at least one host)")
+    return count
+
+
 def plan_batches(hosts: list[str], canary: int, batch: int) -> list[list[str]]:
     """Inventory order: the first `canary` hosts alone, then batches of `batch`."""
-    if canary < 1 or batch < 1:
-        raise ValueError("--canary and --batch must be at least 1")
+    for option, count in (("--canary", canary), ("--batch", batch)):
+        if count < 1:
+            raise ValueError(f"{option} {count}: a batch needs at least 1 host; give {option} 1 or more")
     head, rest = hosts[:canary], hosts[canary:]
     return [head] + [rest[i:i + batch] for i in range(0, len(rest), batch)] if head else []
 
@@ -175,12 +188,14 @@ def add_parser(commands: argparse._SubParsersAction,
         description="Stage weights and images on every targeted host, then deploy a canary batch and further "
         "batches in inventory order, each gated on health; stop and roll back at the first failed batch.")
     add_targeting(rollout)
-    rollout.add_argument("--batch", type=int, default=1, help="hosts per batch after the canary (default 1)")
-    rollout.add_argument("--canary", type=int, default=1, help="hosts in the first batch (default 1)")
+    rollout.add_argument("--batch", type=host_count, default=1, help="hosts per batch after the canary (default 1)")
+    rollout.add_argument("--canary", type=host_count, default=1, help="hosts in the first batch (default 1)")
 
 
 def main(args: argparse.Namespace) -> int:
-    """Validate first (bad inventory changes nothing), then roll out; exit 1 when any batch failed."""
+    """Validate first (bad inventory or arguments change nothing), then roll out; exit 1 when any batch failed.
+
+    A `--limit` that targets no host raises doctor.TargetError before anything runs (the CLI prints it)."""
     from rich.console import Console
     from rich.table import Table
 
@@ -196,7 +211,7 @@ def main(args: argparse.Namespace) -> int:
         return 1
     names = [host.name for host in hosts]
     serving = {name for name, spark in endpoints.items() if spark.config.vllm_start}
-    timeout = max(spark.recipe.load_timeout_seconds for spark in endpoints.values())
+    timeout = max((spark.recipe.load_timeout_seconds for spark in endpoints.values()), default=0)
     plan = run(args.inventory, names, serving, args.data, args.canary, args.batch, timeout,
                lambda line: console.print(f"rollout: {line}"))
     if args.json:

@@ -23,9 +23,13 @@ def resolve(reference: str) -> str:
     else:
         path = Path(where).expanduser()
         try:
-            value = path.read_text()
+            value = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            # Never echo the bytes: they are (part of) the secret.
+            raise SecretError(f"refers to {path}, which is not UTF-8 text (a binary file, or another encoding): "
+                              "store the bare value as text, e.g. `printf %s VALUE > FILE`") from None
         except OSError as error:
-            raise SecretError(f"refers to {path}, which cannot be read ({error.strerror}): create it, "
+            raise SecretError(f"refers to {path}, which cannot be read ({error.strerror or error}): create it, "
                               "readable by you only") from None
         value = value.rstrip("\n")
     if not value or value != value.strip() or "\n" in value:

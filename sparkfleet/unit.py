@@ -9,6 +9,11 @@ from sparkfleet.endpoint import CONTAINER, ENV_FILE, LOADED_WEIGHTS, MANIFEST, E
 from sparkfleet.vllm_flags import flag_set, to_argv
 
 SAFE = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
+START_LIMIT_BURST = 4  # failed starts before systemd gives up (a crash loop leaks GB10 memory: #257)
+RESTART_SEC = 30
+# Seconds between docker's SIGTERM and its SIGKILL beyond vLLM's own --shutdown-timeout, and between that
+# and systemd's stop timeout: each layer must outlast the one it waits for.
+STOP_MARGIN = 15
 
 
 def systemd_quote(arg: str) -> str:
@@ -32,7 +37,11 @@ class UnitView:
     port: int
     served_name: str
     vllm_args: list[str]  # one quoted `--flag [value]` per line
-    load_timeout: int
+    start_limit_interval: int  # long enough that START_LIMIT_BURST slow crash loops fit in it
+    start_limit_burst: int
+    restart_sec: int
+    docker_stop_timeout: int  # above vLLM's --shutdown-timeout, so in-flight requests finish
+    stop_timeout: int  # systemd's, above docker's
     manifest: str
     loaded_weights: str
 
@@ -44,9 +53,19 @@ class UnitView:
             container=CONTAINER, image=systemd_quote(spark.image), env_file=ENV_FILE,
             weights_dir=systemd_quote(spark.weights_dir), model_path=systemd_quote(spark.container_model_path),
             port=spark.config.vllm_port, served_name=systemd_quote(spark.served_name),
-            vllm_args=_lines(argv), load_timeout=spark.recipe.load_timeout_seconds,
+            vllm_args=_lines(argv),
+            start_limit_interval=START_LIMIT_BURST * (spark.recipe.load_timeout_seconds + RESTART_SEC),
+            start_limit_burst=START_LIMIT_BURST, restart_sec=RESTART_SEC,
+            docker_stop_timeout=shutdown_timeout(spark) + STOP_MARGIN,
+            stop_timeout=shutdown_timeout(spark) + 2 * STOP_MARGIN,
             manifest=systemd_quote(f"{spark.weights_dir}/{MANIFEST}"), loaded_weights=LOADED_WEIGHTS,
         )
+
+
+def shutdown_timeout(spark: Endpoint) -> int:
+    """vLLM's graceful-stop window (`--shutdown-timeout`, default 0: in-flight requests are aborted)."""
+    value = str(spark.args.get("shutdown-timeout", 0))
+    return int(value) if value.isdigit() else 0
 
 
 def _lines(argv: list[str]) -> list[str]:

@@ -28,7 +28,8 @@ def health_config(spark: Endpoint) -> dict[str, object]:
         "load_window_seconds": spark.recipe.load_timeout_seconds, "interval_seconds": config.health_interval_seconds,
         "deep_every": config.health_deep_every, "timeout_seconds": 5, "deep_timeout_seconds": 60,
         "alert_after": config.health_alert_after, "textfile_dir": config.health_textfile_dir,
-        "state_dir": STATE_DIR, "log_lines": 1000,
+        "state_dir": STATE_DIR, "log_lines": 1000, "renotify_minutes": config.health_renotify_minutes,
+        "min_mem_available_gib": config.health_min_mem_available_gib,
     }
 
 

@@ -7,12 +7,12 @@ import io
 from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.facts.server import User
-from pyinfra.operations import files, systemd
+from pyinfra.operations import files, server, systemd
 
 from sparkfleet import secrets
 from sparkfleet.deploys.context import TEMPLATES, activations, restart_triggers, staging_only, will_change
 from sparkfleet.endpoint import ENV_FILE, ETC, LOADED_WEIGHTS, MANIFEST, UNIT, Endpoint
-from sparkfleet.facts import WeightsLoaded
+from sparkfleet.facts import UnitResult, WeightsLoaded
 from sparkfleet.operations import image_pulled
 from sparkfleet.unit import UnitView
 
@@ -64,6 +64,10 @@ def install_service(spark: Endpoint) -> None:
         systemd.service(name=f"Keep {UNIT} installed but stopped (vllm_start is false)",
                         service=f"{UNIT}.service", running=False, enabled=False)
         return
+    if host.get_fact(UnitResult, unit=f"{UNIT}.service") == "start-limit-hit":
+        # systemd refuses even a manual start until the limit is cleared: a re-run after a fix must work.
+        server.shell(name=f"Clear {UNIT}'s start limit (it gave up after repeated failed starts)",
+                     commands=[f"systemctl reset-failed {UNIT}.service"])
     start = systemd.service(name=f"Enable and start {UNIT}", service=f"{UNIT}.service", running=True, enabled=True)
     activations[spark.host].append(start)
     # Weights staged by an earlier run (rollout's stage phase) count too: the endpoint still runs the old ones.

@@ -32,6 +32,15 @@ class ModelShape(BaseModel):
     native_context: PositiveInt
 
 
+class ImageNote(BaseModel):
+    """An image reference (tag or @sha256 digest) with where the claim about it comes from."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    image: str
+    source: str = Field(description="public source of the claim: an issue, a playbook, a measurement")
+
+
 class Recipe(BaseModel):
     """A known-good way to serve one model: inventory overrides single flags on top of it."""
 
@@ -46,6 +55,10 @@ class Recipe(BaseModel):
     load_timeout_seconds: PositiveInt = Field(ge=900, description="model loads take 3-15 min on a Spark")
     model: ModelShape
     args: dict[str, FlagValue]
+    # Images shown to serve this recipe on a GB10, and images known to fail on it: whether an image has
+    # sm_121 kernels cannot be told from its name (vllm #40758 crashed on a cu130 build).
+    validated_images: list[ImageNote] = Field(default_factory=list)
+    known_bad_images: list[ImageNote] = Field(default_factory=list)
 
 
 @cache

@@ -5,9 +5,12 @@ Installed as /usr/local/lib/sparkfleet/healthcheck.py and run every 30 s by spar
 stdlib-only on purpose: it runs on a bare Ubuntu 24.04 / Debian 12 python3, with no sparkfleet installed.
 
 An open port is not health (vllm #39863): the check walks from the systemd unit to /health, /v1/models and,
-every Nth run, a real 1-token completion, then turns a failure plus the container logs into one sentence an
-operator can act on. Output lines carry sd-daemon priority prefixes (<3> err .. <6> info) so the journal
-files them at the right priority. Exit codes: 0 healthy or starting, 1 unhealthy, 2 bad config.
+every Nth run, a real 1-token completion, then turns a failure plus the logs of the engine's current start into
+one sentence an operator can act on. A restart systemd made counts as a failure that loading does not clear, so a
+crash loop alerts while systemd still restarts it, however long each load takes; a completion that times out
+behind running requests whose tokens still advance is "busy", not hung; low host memory (CPU and GPU share it on
+a Spark) alerts before the host wedges. Output lines carry sd-daemon priority prefixes (<3> err .. <6> info) so
+the journal files them at the right priority. Exit codes: 0 healthy or starting, 1 unhealthy, 2 bad config.
 """
 
 from __future__ import annotations
@@ -41,8 +44,17 @@ COMMAND_TIMEOUT = 30  # seconds: a wedged dockerd must not wedge the check
 WEBHOOK_TIMEOUT = 10
 EVIDENCE_KEEP = 50  # a flapping endpoint must not fill the disk with evidence files
 UNIT_PROPERTIES = (
-    "LoadState,ActiveState,SubState,Result,NRestarts,ActiveEnterTimestampMonotonic,ExecMainStatus"
+    "LoadState,ActiveState,SubState,Result,NRestarts,ActiveEnterTimestampMonotonic,ExecMainStatus,"
+    "InvocationID,ExecMainStartTimestampMonotonic"
 )
+# An engine that stays healthy this long with no restart is not looping, whatever its load time: the open
+# crash-loop incident closes. One that crashes sooner after each load keeps it open until it alerts.
+STABLE_SECONDS = 3600
+GIB = 2**30
+# What /metrics says about the engine's load when a completion times out (vLLM's own names).
+RUNNING, WAITING = "vllm:num_requests_running", "vllm:num_requests_waiting"
+TOKEN_COUNTERS = ("vllm:generation_tokens_total", "vllm:prompt_tokens_total")
+_SAMPLE = re.compile(r"^(?P<name>[A-Za-z_:][\w:]*)(?:\{[^}]*\})?\s+(?P<value>\S+)")
 TEXTFILE_NAME = "sparkfleet_health.prom"
 # Local probes must not follow an http_proxy from the service environment.
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -69,6 +81,9 @@ class Config:
     textfile_dir: str | None = "/var/lib/node_exporter/textfile_collector"
     state_dir: str = "/var/lib/sparkfleet/health"
     log_lines: int = 1000
+    renotify_minutes: int = 60  # repeat an open alert this often; 0 alerts once per incident
+    min_mem_available_gib: float = 4.0  # host MemAvailable floor; 0 disables the check
+    busy_sample_seconds: float = 5  # gap between the two /metrics reads that tell busy from hung
 
 
 class ConfigError(ValueError):
@@ -88,6 +103,7 @@ _POSITIVE = {
     "deep_timeout_seconds",
     "alert_after",
     "log_lines",
+    "busy_sample_seconds",
 }
 
 
@@ -143,6 +159,14 @@ def run_tool(env_name: str, default: str, args: list[str]) -> str | None:
 
 
 @dataclass(frozen=True)
+class Start:
+    """One start of the unit: its invocation id (what its journal lines carry) and when its process began."""
+
+    invocation: str
+    started_at: float | None  # Unix time the main process started; None when systemd does not say
+
+
+@dataclass(frozen=True)
 class UnitState:
     """What systemd knows about the serving unit; active_seconds is the time since it last became active."""
 
@@ -153,6 +177,7 @@ class UnitState:
     restarts: int
     exit_status: str
     active_seconds: float | None
+    start: Start = Start("", None)
 
     def describe(self) -> str:
         return f"{self.active_state}/{self.sub_state}"
@@ -165,7 +190,9 @@ def unit_state(cfg: Config) -> UnitState | None:
     if "ActiveState" not in props:
         return None
     entered = _count(props.get("ActiveEnterTimestampMonotonic"))
+    main_started = _count(props.get("ExecMainStartTimestampMonotonic")) or entered
     # Both sides are CLOCK_MONOTONIC: systemd in microseconds, time.monotonic() in seconds.
+    started_at = time.time() - (time.monotonic() - main_started / 1e6) if main_started else None
     return UnitState(
         load_state=props.get("LoadState", "loaded"),
         active_state=props["ActiveState"],
@@ -174,6 +201,7 @@ def unit_state(cfg: Config) -> UnitState | None:
         restarts=_count(props.get("NRestarts")),
         exit_status=props.get("ExecMainStatus", ""),
         active_seconds=time.monotonic() - entered / 1e6 if entered else None,
+        start=Start(props.get("InvocationID", "").strip(), started_at),
     )
 
 
@@ -196,23 +224,65 @@ def container_status(cfg: Config) -> str:
 
 @dataclass(frozen=True)
 class Logs:
-    """Container output from both sources: docker while the container exists, the unit's journal always."""
+    """What the engine's current start logged: docker while its container exists, the journal always.
+
+    earlier is the unit's whole recent journal, read only for an alert's evidence file: the first stack trace of
+    a crash loop may be starts ago, but a line from an earlier incident must never drive today's diagnosis.
+    """
 
     docker: str | None
     journal: str | None
+    earlier: str | None = None
 
     def text(self) -> str:
         return "\n".join(part for part in (self.docker, self.journal) if part)
 
 
-def collect_logs(cfg: Config) -> Logs:
-    """Read both log sources; the journal keeps the first crash of a --rm container that restarted since."""
+def collect_logs(cfg: Config, starts: list[Start]) -> Logs:
+    """Read the logs of the given starts of the unit (newest last); with none known, the container's only."""
     tail = str(cfg.log_lines)
-    docker = run_tool("SPARKFLEET_DOCKER", "docker", ["logs", "--tail", tail, cfg.container])
-    journal = run_tool(
-        "SPARKFLEET_JOURNALCTL", "journalctl", ["-u", cfg.unit, "-n", tail, "--no-pager", "-o", "cat"]
-    )
-    return Logs(docker, journal)
+    current = starts[-1] if starts else None
+    # The container is --rm and removed before each start: by name it is the current one. --since also drops
+    # anything a container of that name printed before this start of the unit.
+    since = ["--since", str(int(current.started_at))] if current and current.started_at else []
+    docker = run_tool("SPARKFLEET_DOCKER", "docker", ["logs", *since, "--tail", tail, cfg.container])
+    return Logs(docker, journal_of(cfg, starts))
+
+
+def journal_of(cfg: Config, starts: list[Start]) -> str | None:
+    """The unit's journal lines of these starts only: by invocation id, else by time since the oldest start.
+
+    The time fallback covers a journald that does not stamp invocation ids (some containers); with neither,
+    the journal is not read, rather than risk an earlier incident's lines.
+    """
+    options = ["-n", str(cfg.log_lines), "--no-pager", "-o", "cat"]
+    matches = [f"_SYSTEMD_INVOCATION_ID={s.invocation}" for s in starts if s.invocation]
+    if matches:
+        out = run_tool("SPARKFLEET_JOURNALCTL", "journalctl", [*matches, *options])
+        if out and out.strip():
+            return out
+    times = [s.started_at for s in starts if s.started_at]
+    if not times:
+        return None
+    since = f"@{int(min(times))}"  # whole seconds: every journalctl parses them
+    return run_tool("SPARKFLEET_JOURNALCTL", "journalctl", ["-u", cfg.unit, "--since", since, *options])
+
+
+def earlier_journal(cfg: Config) -> str | None:
+    """The unit's recent journal across starts, for the evidence file only (never for the diagnosis)."""
+    options = ["-n", str(cfg.log_lines), "--no-pager", "-o", "cat"]
+    return run_tool("SPARKFLEET_JOURNALCTL", "journalctl", ["-u", cfg.unit, *options])
+
+
+def mem_available() -> int | None:
+    """MemAvailable in bytes: on a Spark CPU and GPU share it, and hosts wedge when it runs out."""
+    path = os.environ.get("SPARKFLEET_MEMINFO") or "/proc/meminfo"
+    try:
+        text = Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    match = re.search(r"^MemAvailable:\s+(\d+)\s*kB", text, re.M)
+    return int(match.group(1)) * 1024 if match else None
 
 
 # --- HTTP probes ---------------------------------------------------------------------------------------
@@ -297,6 +367,7 @@ class Outcome:
     failure: Failure | None = None
     http_status: int | None = None
     deep: bool = False
+    busy: bool = False  # the completion timed out behind requests that still make progress
 
 
 def _unhealthy(kind: str, status: int | None = None, **facts: str) -> Outcome:
@@ -315,7 +386,7 @@ def check_unit(unit: UnitState | None) -> Outcome | None:
     if stopped:
         return _unhealthy("down")
     if unit.active_state == "activating" and unit.sub_state == "auto-restart":
-        return _unhealthy("restarting")
+        return _unhealthy("crashing")
     return None
 
 
@@ -349,7 +420,7 @@ def refused(cfg: Config, unit: UnitState | None) -> Outcome:
 def http_failure(what: str, reply: Probe, timeout: float) -> Failure | None:
     """The failures all endpoints share; None leaves the response to the caller."""
     if reply.error == "timeout":
-        return Failure("hung", {"what": what, "seconds": f"{timeout:g}"})
+        return Failure("hung", {"what": what, "seconds": f"{timeout:g}", "load": ""})
     if reply.error is not None:
         reason = "connection refused" if reply.error == "refused" else reply.error
         return Failure("unreachable", {"what": what, "error": reason})
@@ -388,6 +459,16 @@ def check_completion(cfg: Config, api_key: str | None) -> Outcome:
     payload = {"model": cfg.served_model_name, "prompt": "ping", "max_tokens": 1}
     reply = probe(f"{cfg.url}/v1/completions", cfg.deep_timeout_seconds, api_key, payload)
     failure = http_failure("a 1-token completion", reply, cfg.deep_timeout_seconds)
+    if reply.error == "timeout":
+        load = sample_load(cfg)
+        if load.busy:
+            summary = (
+                f"not hung: a 1-token completion waited over {cfg.deep_timeout_seconds:g} s behind "
+                f"{load.describe()}; the engine is serving, not stuck"
+            )
+            return Outcome(HEALTHY, summary, deep=True, busy=True)
+        facts = {"what": "a 1-token completion", "seconds": f"{cfg.deep_timeout_seconds:g}"}
+        failure = Failure("hung", {**facts, "load": f" ({load.describe()})"})
     if failure is None and not _has_choices(reply.body):
         detail = _error_detail(reply.body)
         failure = Failure("no_choices", {"status": str(reply.status), "detail": detail})
@@ -396,6 +477,58 @@ def check_completion(cfg: Config, api_key: str | None) -> Outcome:
     summary = f"/health ok; /v1/models lists {cfg.served_model_name}; "
     summary += f"a 1-token completion answered in {reply.seconds:.2f} s"
     return Outcome(HEALTHY, summary, http_status=reply.status, deep=True)
+
+
+@dataclass(frozen=True)
+class Load:
+    """Two /metrics reads some seconds apart: requests in the engine and whether its token counters moved."""
+
+    readable: bool
+    running: float = 0
+    waiting: float = 0
+    tokens: float = 0  # generated plus prefilled tokens counted between the two reads
+    seconds: float = 0
+
+    @property
+    def busy(self) -> bool:
+        """Requests are in the engine and tokens advance: it is working through a queue, not deadlocked."""
+        return self.readable and self.running + self.waiting > 0 and self.tokens > 0
+
+    def describe(self) -> str:
+        if not self.readable:
+            return "/metrics did not answer either"
+        progress = f"{self.tokens:.0f} tokens" if self.tokens > 0 else "no token"
+        return (
+            f"{self.running:.0f} running and {self.waiting:.0f} waiting requests, "
+            f"{progress} processed in {self.seconds:.1f} s"
+        )
+
+
+def read_metrics(cfg: Config) -> dict[str, float] | None:
+    """The few vLLM series that tell busy from hung, summed over engines; None when /metrics fails."""
+    reply = probe(f"{cfg.url}/metrics", cfg.timeout_seconds)
+    if reply.status != 200:
+        return None
+    wanted = (RUNNING, WAITING, *TOKEN_COUNTERS)
+    values: dict[str, float] = {}
+    for line in reply.body.decode("utf-8", "replace").splitlines():
+        match = _SAMPLE.match(line)
+        if match and match["name"] in wanted:
+            with contextlib.suppress(ValueError):
+                values[match["name"]] = values.get(match["name"], 0.0) + float(match["value"])
+    return values if RUNNING in values or WAITING in values else None
+
+
+def sample_load(cfg: Config) -> Load:
+    """A long prefill queue (256K contexts) can hold a 1-token probe for minutes: look before calling it hung."""
+    first = read_metrics(cfg)
+    started = time.monotonic()
+    time.sleep(cfg.busy_sample_seconds)
+    second = read_metrics(cfg)
+    if first is None or second is None:
+        return Load(readable=False)
+    tokens = sum(max(0.0, second.get(name, 0.0) - first.get(name, 0.0)) for name in TOKEN_COUNTERS)
+    return Load(True, second.get(RUNNING, 0.0), second.get(WAITING, 0.0), tokens, time.monotonic() - started)
 
 
 def _has_choices(body: bytes) -> bool:
@@ -439,10 +572,11 @@ KINDS: dict[str, Kind] = {
         "read {evidence}, fix the cause, then `systemctl start {unit}`",
         "{cause}; {unit} is {active_state} ({result}), start it again once fixed",
     ),
-    "restarting": Kind(
-        "{unit} keeps restarting ({restarts} restarts so far): the container exits during start-up; "
-        "the first stack trace is in {evidence}",
-        "{cause}; {unit} keeps restarting ({restarts} restarts so far)",
+    "crashing": Kind(
+        "crash loop: the engine exited and systemd keeps restarting {unit} ({restart_count} so far) until "
+        "its start limit stops it; read {evidence}, fix the cause, then re-run the deploy",
+        "{cause}; crash loop: systemd keeps restarting {unit} ({restart_count} so far) until its start "
+        "limit stops it (logs in {evidence})",
     ),
     "refused": Kind(
         "nothing listens on {url} after the load window ({window}; container: {container}): "
@@ -454,7 +588,7 @@ KINDS: dict[str, Kind] = {
         "{cause}; {what} on {url} failed ({error})",
     ),
     "hung": Kind(
-        "the engine is hung: {what} timed out after {seconds} s; restart the unit "
+        "the engine is hung: {what} timed out after {seconds} s{load}; restart the unit "
         "(`systemctl restart {unit}`), and report with the saved logs",
     ),
     "engine_dead": Kind(
@@ -470,6 +604,11 @@ KINDS: dict[str, Kind] = {
     "bad_response": Kind(
         "{what} answered HTTP {status} with something vLLM would not send: check that {url} is the vLLM "
         "server (url in /etc/sparkfleet/health.json, --port in vllm_args)",
+    ),
+    "memory_low": Kind(
+        "host memory low: {available} GiB available, below {minimum} GiB; unified memory is shared by CPU and "
+        "GPU, so the engine, the page cache and sshd compete for it and the host can wedge: stop other memory "
+        "users or lower --gpu-memory-utilization / --max-num-seqs in vllm_args, then restart the unit",
     ),
     "no_choices": Kind(
         "a 1-token completion returned no choices (HTTP {status}: {detail}): the engine accepts requests but "
@@ -493,8 +632,8 @@ LOG_RULES: tuple[LogRule, ...] = (
     LogRule(
         "cutlass",
         re.compile(r"cutlass_scaled_mm|Error Internal"),
-        "FP8 kernels crash on GB10 with this image (cutlass_scaled_mm: Error Internal): use a newer cu130 "
-        "image pinned by tag or digest; --enforce-eager or "
+        "FP8 kernels crash on GB10 with this image (cutlass_scaled_mm: Error Internal): its kernels lack sm_121; "
+        "use an image validated on a GB10, pinned by digest (a name such as cu130 cannot tell); --enforce-eager or "
         "VLLM_DISABLED_KERNELS=CutlassFp8BlockScaledMMKernel only as a diagnostic fallback",
     ),
     LogRule(
@@ -601,6 +740,39 @@ class Result:
     alerting: bool = False
     evidence: str | None = None
     duration_seconds: float = 0.0
+    busy: bool = False  # healthy, but the completion waited behind requests that still make progress
+    restarts: int | None = None  # systemd's NRestarts for the unit
+    crash_restarts: int = 0  # restarts seen in the crash-loop incident still open
+    mem_available_gib: float | None = None
+
+
+@dataclass(frozen=True)
+class Restarts:
+    """Restarts systemd made: since the last check, and in the crash-loop incident still open."""
+
+    new: int = 0
+    open: int = 0
+
+
+def count_restarts(previous: dict[str, Any], unit: UnitState | None) -> Restarts:
+    """Compare NRestarts with the last check's; a manual (re)start sets it back to 0 and ends the incident."""
+    carried = _count(previous.get("crash_restarts"))
+    if unit is None:
+        return Restarts(0, carried)
+    if "restarts" not in previous:  # first run: restarts from before it are not news
+        return Restarts(0, 0)
+    last = _count(previous["restarts"])
+    if unit.restarts < last:
+        return Restarts(unit.restarts, unit.restarts)
+    return Restarts(unit.restarts - last, carried + unit.restarts - last)
+
+
+def memory_low(cfg: Config, available: int | None) -> dict[str, str] | None:
+    """The memory_low facts when MemAvailable is under the configured floor; None when fine or disabled."""
+    floor = cfg.min_mem_available_gib
+    if not floor or available is None or available >= floor * GIB:
+        return None
+    return {"available": f"{available / GIB:.1f}", "minimum": f"{floor:g}"}
 
 
 @dataclass(frozen=True)
@@ -611,19 +783,39 @@ class Evaluation:
     unit: UnitState | None
     facts: dict[str, str]
     logs: Logs
+    restarts: Restarts = Restarts()
+    mem_available: int | None = None
+    note: str = ""  # a second finding the diagnosis carries (low memory beside an engine failure)
 
     def explain(self, evidence: str) -> tuple[str, str]:
         if self.outcome.failure is None:
             return "", self.outcome.summary
-        return diagnose(self.outcome.failure, {**self.facts, "evidence": evidence}, self.logs.text())
+        cause, diagnosis = diagnose(self.outcome.failure, {**self.facts, "evidence": evidence}, self.logs.text())
+        return cause, diagnosis + self.note
 
 
-def evaluate(cfg: Config, deep: bool) -> Evaluation:
-    """Run the checks; container state and logs are read only on failure, to keep healthy runs cheap."""
+# Verdicts of a stopped unit: they say more than "it restarted" does.
+STOPPED_KINDS = ("not_installed", "crashloop", "down")
+
+
+def evaluate(cfg: Config, deep: bool, previous: dict[str, Any]) -> Evaluation:
+    """Run the checks, count restarts, weigh host memory; logs are read only on failure (cheap healthy runs)."""
     unit = unit_state(cfg)
+    restarts = count_restarts(previous, unit)
+    available = mem_available()
     outcome = run_checks(cfg, unit, deep, os.environ.get("VLLM_API_KEY"))
+    if restarts.new and (outcome.failure is None or outcome.failure.kind not in STOPPED_KINDS):
+        # The restart is the news, whatever the probes see now (loading again, or serving for a while).
+        outcome = replace(outcome, state=UNHEALTHY, failure=Failure("crashing"), summary="", busy=False)
+    low = memory_low(cfg, available)
+    note = ""
+    if low is not None and outcome.failure is None:
+        outcome = Outcome(UNHEALTHY, failure=Failure("memory_low", low), http_status=outcome.http_status,
+                          deep=outcome.deep)
+    elif low is not None:
+        note = f"; host memory is low too: {low['available']} GiB available, below {low['minimum']} GiB"
     if outcome.failure is None:
-        return Evaluation(outcome, unit, {}, Logs(None, None))
+        return Evaluation(outcome, unit, {}, Logs(None, None), restarts, available)
     facts = {
         "endpoint": cfg.endpoint,
         "unit": cfg.unit,
@@ -636,9 +828,23 @@ def evaluate(cfg: Config, deep: bool) -> Evaluation:
             active_state=unit.active_state,
             result=unit.result,
             restarts=str(unit.restarts),
+            restart_count=f"{unit.restarts} restart{'' if unit.restarts == 1 else 's'}",
             exit_status=unit.exit_status,
         )
-    return Evaluation(outcome, unit, facts, collect_logs(cfg))
+    logs = collect_logs(cfg, starts_to_read(previous, unit, restarts))
+    return Evaluation(outcome, unit, facts, logs, restarts, available, note)
+
+
+def starts_to_read(previous: dict[str, Any], unit: UnitState | None, restarts: Restarts) -> list[Start]:
+    """The unit's current start; after a restart also the start the last check saw: the one that crashed."""
+    if unit is None:
+        return []
+    seen = previous.get("start")
+    if restarts.new and isinstance(seen, dict) and seen.get("invocation") not in (None, "", unit.start.invocation):
+        started_at = seen.get("started_at")
+        crashed = Start(str(seen["invocation"]), float(started_at) if isinstance(started_at, (int, float)) else None)
+        return [crashed, unit.start]
+    return [unit.start]
 
 
 def journal_hint(cfg: Config) -> str:
@@ -647,28 +853,85 @@ def journal_hint(cfg: Config) -> str:
 
 
 def should_alert(previous: dict[str, Any], result: Result, cfg: Config) -> bool:
-    """Alert once per incident: at the threshold, again only if the cause changes or after a recovery."""
+    """Alert once per incident: at the threshold, again only if the cause changes or after a recovery.
+
+    A cause that only loses its log detail (crashing/cutlass, then crashing while the next start loads) is not
+    a new cause.
+    """
     if result.state != UNHEALTHY or result.consecutive_failures < cfg.alert_after:
         return False
-    last_alert = previous.get("last_alert") or {}
-    return not previous.get("alerted") or last_alert.get("cause") != result.cause
+    if not previous.get("alerted"):
+        return True
+    last = str((previous.get("last_alert") or {}).get("cause") or "")
+    return result.cause != last and not last.startswith(f"{result.cause}/")
 
 
-def update_state(previous: dict[str, Any], result: Result, runs: int, alerted_now: bool) -> dict[str, Any]:
-    """The next state.json; `alerted` stays set until a healthy run, so one incident alerts once."""
+def should_renotify(previous: dict[str, Any], result: Result, cfg: Config) -> bool:
+    """Repeat an open alert every renotify_minutes while the endpoint stays unhealthy (0: never)."""
+    if not cfg.renotify_minutes or not result.alerting or result.state != UNHEALTHY:
+        return False
+    last = previous.get("notified_at") or (previous.get("last_alert") or {}).get("time")
+    return _elapsed(last, result.checked_at) >= cfg.renotify_minutes * 60
+
+
+def _elapsed(since: object, until: str) -> float:
+    """Seconds between two ISO times from state.json; a missing or unreadable start counts as long ago."""
+    try:
+        return (datetime.fromisoformat(until) - datetime.fromisoformat(str(since))).total_seconds()
+    except (TypeError, ValueError):
+        return float("inf")
+
+
+def healthy_since(previous: dict[str, Any], state: str, checked_at: str) -> str | None:
+    """When the current run of healthy checks began; None when this check is not healthy."""
+    if state != HEALTHY:
+        return None
+    since = previous.get("healthy_since")
+    last = (previous.get("last_result") or {}).get("state")
+    return since if last == HEALTHY and isinstance(since, str) else checked_at
+
+
+def count_failures(previous: dict[str, Any], state: str, new_restarts: int, crash_open: bool) -> int:
+    """Failures in the open incident: one per unhealthy check, one per restart.
+
+    Loading or serving between the restarts of an open crash loop does not reset the count: it did, and a
+    crash loop whose loads are long never alerted.
+    """
+    before = _count(previous.get("consecutive_failures"))
+    if state == UNHEALTHY:
+        return before + max(1, new_restarts)
+    return before if crash_open else 0
+
+
+def update_state(
+    previous: dict[str, Any], result: Result, runs: int, alerted_now: bool, notified: bool,
+    unit: UnitState | None, since: str | None,
+) -> dict[str, Any]:
+    """The next state.json; `alerted` stays set until the incident is over, so one incident alerts once."""
     state: dict[str, Any] = {
         "runs": runs,
         "consecutive_failures": result.consecutive_failures,
         "alerted": result.alerting,
+        "crash_restarts": result.crash_restarts,
+        "healthy_since": since,
+        "notified_at": result.checked_at if notified else (previous.get("notified_at") if result.alerting else None),
         "last_result": {
             "state": result.state,
             "diagnosis": result.diagnosis,
             "cause": result.cause,
             "checked_at": result.checked_at,
             "http_status": result.http_status,
+            "busy": result.busy,
+            "mem_available_gib": result.mem_available_gib,
         },
         "last_alert": previous.get("last_alert"),
     }
+    # The last NRestarts and start seen; kept from the previous run when systemd could not be asked.
+    if unit is not None:
+        state["restarts"] = unit.restarts
+        state["start"] = {"invocation": unit.start.invocation, "started_at": unit.start.started_at}
+    else:
+        state.update({key: previous[key] for key in ("restarts", "start") if key in previous})
     if alerted_now:
         state["last_alert"] = {
             "time": result.checked_at,
@@ -686,46 +949,77 @@ def check_once(cfg: Config, stream: TextIO) -> tuple[Result, str]:
     previous = load_state(state_path, stream)
     runs = _count(previous.get("runs")) + 1
     last_state = (previous.get("last_result") or {}).get("state")
-    evaluation = evaluate(cfg, deep=runs % cfg.deep_every == 0 or last_state != HEALTHY)
+    evaluation = evaluate(cfg, deep=runs % cfg.deep_every == 0 or last_state != HEALTHY, previous=previous)
     cause, diagnosis = evaluation.explain(journal_hint(cfg))
-    outcome = evaluation.outcome
-    failures = _count(previous.get("consecutive_failures")) + 1 if outcome.state == UNHEALTHY else 0
+    outcome, unit = evaluation.outcome, evaluation.unit
+    checked_at = datetime.now(UTC).isoformat(timespec="seconds")
+    since = healthy_since(previous, outcome.state, checked_at)
+    crash_restarts = evaluation.restarts.open
+    if crash_restarts and outcome.state == HEALTHY and _elapsed(since, checked_at) >= STABLE_SECONDS:
+        crash_restarts = 0  # serving this long without a restart: the crash loop is over
+    available = evaluation.mem_available
     result = Result(
         endpoint=cfg.endpoint,
         host=socket.gethostname(),
         state=outcome.state,
         diagnosis=diagnosis,
         cause=cause,
-        checked_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        checked_at=checked_at,
         http_status=outcome.http_status,
         deep_check=outcome.deep,
-        unit=evaluation.unit.describe() if evaluation.unit else "unknown",
-        consecutive_failures=failures,
+        unit=unit.describe() if unit else "unknown",
+        consecutive_failures=count_failures(previous, outcome.state, evaluation.restarts.new, crash_restarts > 0),
+        busy=outcome.busy,
+        restarts=unit.restarts if unit else None,
+        crash_restarts=crash_restarts,
+        mem_available_gib=round(available / GIB, 2) if available is not None else None,
     )
     alerted_now = should_alert(previous, result, cfg)
-    recovered = bool(previous.get("alerted")) and result.state == HEALTHY
+    recovered = bool(previous.get("alerted")) and result.state == HEALTHY and not crash_restarts
     result = replace(result, alerting=(bool(previous.get("alerted")) or alerted_now) and not recovered)
+    renotified = not alerted_now and should_renotify(previous, result, cfg)
     if alerted_now:
         result = alert(cfg, result, evaluation, stream)
+    elif renotified:
+        result = renotify(cfg, result, evaluation, previous, stream)
     elif recovered:
         notify(result, "recovered", stream)
     result = replace(result, duration_seconds=round(time.monotonic() - started, 3))
-    save_state(state_path, update_state(previous, result, runs, alerted_now), stream)
+    state = update_state(previous, result, runs, alerted_now, alerted_now or renotified, unit, since)
+    save_state(state_path, state, stream)
     write_textfile(cfg, result, stream)
-    return result, human_line(cfg, result, alerted_now, recovered)
+    alerted_at = str((previous.get("last_alert") or {}).get("time") or "")
+    return result, human_line(cfg, result, alerted_now, recovered, alerted_at if renotified else None)
 
 
-def human_line(cfg: Config, result: Result, alerted_now: bool, recovered: bool) -> str:
-    """The run's one journal line, its sd-daemon prefix choosing the priority."""
+def human_line(
+    cfg: Config, result: Result, alerted_now: bool, recovered: bool, repeat_of: str | None = None
+) -> str:
+    """The run's one journal line, its sd-daemon prefix choosing the priority; repeat_of: the repeated alert's time."""
     name, count = result.endpoint, result.consecutive_failures
     if recovered:
         return f"<{NOTICE}>{name} recovered: healthy again after the alert; {result.diagnosis}"
     if result.state != UNHEALTHY:
-        return f"<{INFO}>{name} {result.state}: {result.diagnosis}"
+        line = f"{name} {'busy' if result.busy else result.state}: {result.diagnosis}"
+        if result.crash_restarts:
+            plural = "s" if result.crash_restarts > 1 else ""
+            return (
+                f"<{WARNING}>{line}; crash loop still open ({result.crash_restarts} restart{plural} seen, "
+                f"{count}/{cfg.alert_after} failures; it closes after {STABLE_SECONDS // 60} min healthy)"
+            )
+        return f"<{NOTICE if result.busy else INFO}>{line}"
+    mentioned = not result.evidence or result.evidence in result.diagnosis
+    saved = "" if mentioned else f"; evidence: {result.evidence}"
+    if repeat_of is not None:
+        first = f"alerted at {repeat_of}, " if repeat_of else ""
+        return (
+            f"<{ERR}>{name} ALERT repeated (still unhealthy, {first}{count} failures; "
+            f"every {cfg.renotify_minutes} min until it recovers): {result.diagnosis}{saved}"
+        )
+    if alerted_now and result.cause.startswith("crashing"):
+        return f"<{ERR}>{name} ALERT: {result.diagnosis}{saved}"
     if alerted_now:
         checks = f"{count} check{'s' if count > 1 else ''} in a row (~{count * cfg.interval_seconds:g} s)"
-        mentioned = not result.evidence or result.evidence in result.diagnosis
-        saved = "" if mentioned else f"; evidence: {result.evidence}"
         return f"<{ERR}>{name} ALERT: unhealthy for {checks}: {result.diagnosis}{saved}"
     if result.alerting:
         return f"<{WARNING}>{name} still unhealthy ({count} in a row, alert already sent): {result.diagnosis}"
@@ -747,12 +1041,23 @@ def alert(cfg: Config, result: Result, evaluation: Evaluation, stream: TextIO) -
     _, diagnosis = evaluation.explain(str(path))
     result = replace(result, diagnosis=diagnosis, evidence=str(path))
     try:
-        save_evidence(path, result, evaluation.logs)
+        save_evidence(path, result, replace(evaluation.logs, earlier=earlier_journal(cfg)))
     except OSError as exc:
         emit(stream, WARNING, f"{cfg.endpoint}: cannot save evidence to {path}: {exc}")
         _, diagnosis = evaluation.explain(journal_hint(cfg))
         result = replace(result, diagnosis=diagnosis, evidence=None)
     notify(result, "alert", stream)
+    return result
+
+
+def renotify(
+    cfg: Config, result: Result, evaluation: Evaluation, previous: dict[str, Any], stream: TextIO
+) -> Result:
+    """Repeat the open alert; it points at the evidence the alert saved rather than writing a file each time."""
+    evidence = (previous.get("last_alert") or {}).get("evidence")
+    _, diagnosis = evaluation.explain(str(evidence) if evidence else journal_hint(cfg))
+    result = replace(result, diagnosis=diagnosis, evidence=str(evidence) if evidence else None)
+    notify(result, "alert", stream, repeat=True)
     return result
 
 
@@ -774,8 +1079,12 @@ def save_evidence(path: Path, result: Result, logs: Logs) -> None:
         f"# diagnosis: {result.diagnosis}\n"
     )
     sections = [
-        ("docker logs", logs.docker or "(no container to read: it exited or was removed)\n"),
-        ("journal of the unit", logs.journal or "(journal not readable)\n"),
+        ("docker logs of this start", logs.docker or "(no container to read: it exited or was removed)\n"),
+        ("journal of this start of the unit", logs.journal or "(journal of this start not readable)\n"),
+        (
+            "journal of the unit, earlier starts included (not used for the diagnosis)",
+            logs.earlier or "(journal not readable)\n",
+        ),
     ]
     body = "".join(f"\n===== {title} =====\n{text}" for title, text in sections)
     for directory in (path.parent.parent, path.parent):
@@ -788,7 +1097,7 @@ def save_evidence(path: Path, result: Result, logs: Logs) -> None:
         old.unlink(missing_ok=True)
 
 
-def notify(result: Result, event: str, stream: TextIO) -> None:
+def notify(result: Result, event: str, stream: TextIO, repeat: bool = False) -> None:
     """POST the event to the webhook if one is set; a failing webhook is a warning, never fatal."""
     url = os.environ.get("SPARKFLEET_HEALTH_WEBHOOK", "").strip()
     if not url:
@@ -804,6 +1113,9 @@ def notify(result: Result, event: str, stream: TextIO) -> None:
         "diagnosis": result.diagnosis,
         "consecutive_failures": result.consecutive_failures,
         "evidence": result.evidence,
+        "repeat": repeat,
+        "restarts": result.restarts,
+        "mem_available_gib": result.mem_available_gib,
     }
     headers = {"Content-Type": "application/json"}
     request = urllib.request.Request(url, data=json.dumps(payload).encode(), headers=headers, method="POST")
@@ -908,7 +1220,26 @@ def write_textfile(cfg: Config, result: Result, stream: TextIO) -> None:
             "1 while an alert is open (sent and not yet recovered).",
             [(ep, result.alerting)],
         ),
+        *_gauge(
+            "sparkfleet_health_busy",
+            "1 if the last deep check timed out behind requests that still make progress (busy, not hung).",
+            [(ep, result.busy)],
+        ),
+        *_gauge(
+            "sparkfleet_health_crash_restarts",
+            "Restarts seen in the crash-loop incident still open (0: none open).",
+            [(ep, result.crash_restarts)],
+        ),
     ]
+    if result.restarts is not None:
+        lines += _gauge("sparkfleet_health_unit_restarts", "systemd's NRestarts of the unit.", [(ep, result.restarts)])
+    if result.mem_available_gib is not None:
+        available = int(result.mem_available_gib * GIB)
+        lines += _gauge(
+            "sparkfleet_health_mem_available_bytes",
+            "MemAvailable of the host (CPU and GPU share it on a Spark).",
+            [(ep, available)],
+        )
     try:
         atomic_write(Path(cfg.textfile_dir) / TEXTFILE_NAME, "\n".join(lines) + "\n", 0o644)
     except OSError as exc:

@@ -32,7 +32,14 @@ SERVICE_PACKAGES = "python3,ca-certificates,docker-registry"
 VLLM_PACKAGES = "python3"
 
 # Every failure tag of the vLLM stand-in: a production tag plus a suffix picks the behaviour.
-VLLM_MODES = {"": "ok", "-crash-cutlass": "crash-cutlass", "-hang": "hang", "-slow": "slow"}
+VLLM_MODES = {
+    "": "ok",
+    "-crash-cutlass": "crash-cutlass",
+    "-crash-after-load": "crash-after-load",
+    "-hang": "hang",
+    "-slow": "slow",
+    "-busy": "busy",
+}
 
 
 @dataclass(frozen=True)

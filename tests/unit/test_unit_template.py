@@ -51,3 +51,34 @@ def test_systemd_quote_escapes_specifiers_and_variables() -> None:
 def test_null_override_removes_flag_from_unit() -> None:
     unit = _render(vllm_args={"enable-prefix-caching": None, "max-num-seqs": 2})
     assert "--enable-prefix-caching" not in unit and "--max-num-seqs 2" in unit
+
+
+def _setting(unit: str, key: str) -> str:
+    return next(line.split("=", 1)[1] for line in unit.splitlines() if line.startswith(f"{key}="))
+
+
+def test_start_limit_interval_fits_the_allowed_starts_of_a_slow_crash_loop() -> None:
+    spark = resolve("spark-01", SparkConfig())
+    unit = _render()
+    burst, interval = int(_setting(unit, "StartLimitBurst")), int(_setting(unit, "StartLimitIntervalSec"))
+    restart = int(_setting(unit, "RestartSec"))
+    # An engine that crashes just as its load window ends still hits the limit within the interval.
+    assert burst * (spark.recipe.load_timeout_seconds + restart) <= interval
+    assert burst == 4
+
+
+def test_stop_outlasts_vllms_graceful_shutdown() -> None:
+    unit = _render(vllm_args={"shutdown-timeout": 90})
+    assert "--shutdown-timeout 90" in unit
+    docker_stop = int(unit.split("docker stop --time ", 1)[1].split()[0])
+    assert 90 < docker_stop < int(_setting(unit, "TimeoutStopSec"))
+    plain = _render(vllm_args={"shutdown-timeout": None})
+    assert "--shutdown-timeout" not in plain
+    assert 0 < int(plain.split("docker stop --time ", 1)[1].split()[0]) < int(_setting(plain, "TimeoutStopSec"))
+
+
+def test_page_cache_dropped_before_the_engine_starts() -> None:
+    unit = _render()
+    pre = [line for line in unit.splitlines() if line.startswith("ExecStartPre=")]
+    assert any("drop_caches" in line and line.startswith("ExecStartPre=-") for line in pre)
+    assert unit.index("drop_caches") < unit.index("ExecStart=")

@@ -476,6 +476,55 @@ def test_hang_engine_answers_health_but_not_completions(launch: Launch, model_di
     assert standin.metric("vllm:num_requests_running") == 1.0
 
 
+def test_crash_after_load_serves_then_exits_non_zero(launch: Launch, model_dir: Path) -> None:
+    standin = launch(model_dir, VLLM_STANDIN_MODE="crash-after-load", VLLM_STANDIN_CRASH_SECONDS="1.5")
+    standin.wait_ready()
+    ready = time.monotonic()
+    status, body = http(standin.port, "/v1/completions", body={"prompt": "x", "max_tokens": 1})
+    assert status == 200 and json.loads(body)["choices"]
+    assert standin.proc.wait(timeout=5) == 1
+    assert time.monotonic() - ready > 0.5  # it did serve for a while first
+    log = standin.output()
+    assert "Application startup complete." in log
+    assert "EngineCore encountered a fatal error." in log
+    assert "torch.AcceleratorError: CUDA error: an illegal memory access was encountered" in log
+
+
+def test_crash_after_load_prints_a_vllm_traceback_on_stderr(data_dir: Path, model_dir: Path) -> None:
+    result = run_to_exit(data_dir, model_dir, VLLM_STANDIN_MODE="crash-after-load", VLLM_STANDIN_CRASH_SECONDS="0.3")
+    assert result.returncode == 1
+    assert result.stderr.startswith("Traceback (most recent call last):")
+    assert "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue." in result.stderr
+    assert "in run_busy_loop" in result.stdout and "Starting vLLM API server" in result.stdout
+
+
+def test_crash_after_load_waits_ten_seconds_by_default(launch: Launch, model_dir: Path) -> None:
+    standin = launch(model_dir, VLLM_STANDIN_MODE="crash-after-load")
+    standin.wait_ready()
+    time.sleep(1)
+    assert standin.proc.poll() is None
+    assert http(standin.port, "/health")[0] == 200
+
+
+def test_busy_queues_requests_while_tokens_advance(launch: Launch, model_dir: Path) -> None:
+    """Longer than a probe's timeout to answer, yet /metrics shows an engine at work, not a hung one."""
+    standin = launch(model_dir, VLLM_STANDIN_MODE="busy", VLLM_STANDIN_BUSY_SECONDS="2")
+    standin.wait_ready()
+    assert http(standin.port, "/health", timeout=0.5)[0] == 200  # the frontend answers at once
+    with pytest.raises(TimeoutError):
+        http(standin.port, "/v1/completions", body={"prompt": "x", "max_tokens": 1}, timeout=0.5)
+    assert standin.metric("vllm:num_requests_running") >= 1
+    assert standin.metric("vllm:num_requests_waiting") == 1  # the request that gave up is still queued
+    before = standin.metric("vllm:generation_tokens_total")
+    time.sleep(0.3)
+    assert standin.metric("vllm:generation_tokens_total") > before
+    started = time.monotonic()
+    status, body = http(standin.port, "/v1/completions", body={"prompt": "x", "max_tokens": 1}, timeout=10)
+    assert status == 200 and json.loads(body)["choices"]
+    assert time.monotonic() - started >= 2
+    assert "Traceback" not in standin.output()  # the client that gave up is not a server error
+
+
 def _broken_copy(tmp_path: Path) -> Path:
     model = tmp_path / "model"
     generate_checkpoint(model, total_bytes=4096, shards=2)

@@ -8,10 +8,19 @@ runs on Debian bookworm's python3 inside the image.
 
 Environment:
   VLLM_STANDIN_DATA           directory with the flag data (see FLAGS_FILE, BOOL_FLAGS_FILE, CHOICES_FILE)
-  VLLM_STANDIN_MODE           ok | crash-cutlass | hang | hang-engine | slow
+  VLLM_STANDIN_MODE           ok | crash-cutlass | crash-after-load | hang | hang-engine | slow | busy
                               (else the content of /etc/vllm-standin/mode, else ok)
   VLLM_STANDIN_LOAD_SECONDS   simulated weight-load time (default 5, 240 in slow mode)
   VLLM_STANDIN_TOKEN_SECONDS  simulated time per generated token (default 0.01)
+  VLLM_STANDIN_CRASH_SECONDS  crash-after-load: seconds it serves before the engine dies (default 10)
+  VLLM_STANDIN_BUSY_SECONDS   busy: seconds each request queues behind other clients' long prefills before it
+                              runs (default 90, above the health check's 60 s deep-probe timeout)
+
+Failure modes: crash-cutlass dies at CUDA-graph capture (GB10 FP8, vllm #40758); crash-after-load loads and
+answers like ok, then its engine dies mid-serving and the process exits 1 (a crash loop under Restart=); hang
+accepts connections and never answers; hang-engine answers /health but never generates; slow loads for minutes;
+busy serves other clients' long requests (running sequences, generated tokens advancing on /metrics) so every
+new request waits in the queue longer than a probe's timeout.
 """
 
 from __future__ import annotations
@@ -40,7 +49,9 @@ BOOL_FLAGS_FILE = f"serve-bool-flags-{VERSION}.txt"
 CHOICES_FILE = f"choices-{VERSION}.json"
 DEFAULT_DATA_DIR = "/usr/share/vllm-standin"
 MODE_FILE = Path("/etc/vllm-standin/mode")
-MODES = ("ok", "crash-cutlass", "hang", "hang-engine", "slow")
+MODES = ("ok", "crash-cutlass", "crash-after-load", "hang", "hang-engine", "slow", "busy")
+BUSY_SEQUENCES = 4  # busy mode: other clients' long-context requests the engine is working through
+BUSY_TOKENS_PER_SECOND = 40
 
 USAGE = "usage: vllm serve [model_tag] [options]"
 SITE = "/usr/local/lib/python3.12/dist-packages"
@@ -186,6 +197,20 @@ TRACES = """
     torch.ops._C.cutlass_scaled_mm(out, a, b, scale_a, scale_b, bias)
   File "$S/torch/_ops.py", line 1243, in __call__
     return self._op(*args, **kwargs)
+[busy_loop]
+  File "$S/vllm/v1/engine/core.py", line 701, in run_engine_core
+    engine_core.run_busy_loop()
+  File "$S/vllm/v1/engine/core.py", line 728, in run_busy_loop
+    self._process_engine_step()
+  File "$S/vllm/v1/engine/core.py", line 754, in _process_engine_step
+    outputs, model_executed = self.step_fn()
+  File "$S/vllm/v1/worker/gpu_model_runner.py", line 2254, in execute_model
+    valid_sampled_token_ids = sampled_token_ids.tolist()
+[output_handler]
+  File "$S/vllm/v1/engine/async_llm.py", line 439, in output_handler
+    outputs = await engine_core.get_output_async()
+  File "$S/vllm/v1/engine/core_client.py", line 846, in get_output_async
+    raise self._format_exception(outputs) from None
 [startup]
   File "$S/vllm/v1/engine/core_client.py", line 470, in __init__
     with launch_core_engines(vllm_config, executor_class, log_stats) as (engine_manager, coordinator):
@@ -677,12 +702,15 @@ class Engine:
     slots: threading.Semaphore
     lock: threading.Lock = field(default_factory=threading.Lock)
     metrics: Metrics = field(default_factory=Metrics)
+    queue_seconds: float = 0.0  # busy mode: time a request waits behind other clients' prefills
 
     @contextmanager
     def admitted(self, tokens: int) -> Iterator[None]:
         """Hold a scheduler slot (--max-num-seqs) for one request, keeping running/waiting gauges true."""
         with self.lock:
             self.metrics.waiting += 1
+        if self.queue_seconds:
+            time.sleep(self.queue_seconds)
         self.slots.acquire()
         with self.lock:
             self.metrics.waiting -= 1
@@ -1101,6 +1129,41 @@ class StandinHTTPServer(ThreadingHTTPServer):
         socketserver.TCPServer.server_bind(self)
         self.server_name, self.server_port = str(self.server_address[0]), int(self.server_address[1])
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that gave up (a probe's timeout while busy) is no server error: uvicorn logs none either."""
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+
+def other_clients(engine: Engine) -> NoReturn:
+    """busy mode: long-context requests from other clients keep sequences running and tokens coming."""
+    with engine.lock:
+        engine.metrics.running += BUSY_SEQUENCES
+        engine.metrics.kv_tokens_in_use += engine.sizing.kv_tokens // 2
+    while True:
+        time.sleep(0.1)
+        with engine.lock:
+            engine.metrics.generation_tokens += BUSY_TOKENS_PER_SECOND // 10
+
+
+def crash_after(seconds: float) -> None:
+    """crash-after-load mode: the engine core dies mid-serving, the API server follows, the process exits 1."""
+    time.sleep(seconds)
+    where = "core.py:710"
+    engine_log("EngineCore encountered a fatal error.", where, level="ERROR")
+    final = "torch.AcceleratorError: CUDA error: an illegal memory access was encountered"
+    for line in format_traceback(trace("busy_loop"), final):
+        engine_log(line, where, level="ERROR")
+    log("AsyncLLM output_handler failed.", "async_llm.py:480", level="ERROR")
+    lines = format_traceback(
+        trace("output_handler"),
+        "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace (above) "
+        "for the root cause.",
+    )
+    sys.stdout.flush()
+    os.write(2, ("\n".join(lines) + "\n").encode())
+    os._exit(1)  # from a thread: the serving loop must not outlive its engine
+
 
 def hold_connections(sock: socket.socket) -> NoReturn:
     """hang mode: accept every connection and never answer, like a deadlocked server."""
@@ -1183,6 +1246,7 @@ def build_engine(args: ServeArgs, sizing: Sizing, mode: str) -> Engine:
         stuck=mode == "hang-engine",
         access_log=not args.get("disable-uvicorn-access-log"),
         slots=threading.Semaphore(int(args.get("max-num-seqs", 256))),
+        queue_seconds=float(os.environ.get("VLLM_STANDIN_BUSY_SECONDS", "90")) if mode == "busy" else 0.0,
     )
 
 
@@ -1253,6 +1317,11 @@ def serve(argv: list[str]) -> None:
         print(f"(APIServer pid={os.getpid()}) INFO:     {line}", flush=True)
     if mode == "hang":
         hold_connections(server.socket)
+    if mode == "busy":
+        threading.Thread(target=other_clients, args=(server.engine,), daemon=True).start()
+    if mode == "crash-after-load":
+        seconds = float(os.environ.get("VLLM_STANDIN_CRASH_SECONDS", "10"))
+        threading.Thread(target=crash_after, args=(seconds,), daemon=True).start()
     server.serve_forever()
 
 
