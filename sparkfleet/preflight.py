@@ -29,6 +29,9 @@ DISK_MARGIN_MIN = 5 * GB
 TEMPERATURE_WARN = 85.0  # °C before any load: GB10 throttles in the low 90s
 # GB10's SoC is rated 140 W; a cap well below it (nvidia-smi -pl) throttles decode. GB10 reports [N/A].
 POWER_CAP_WARN_WATTS = 100.0
+# vLLM 0.28's free-memory reading on GB10 is about 2.7 GiB below MemAvailable (llamastash PR #81): its start-up
+# check compares that reading, so the preflight keeps the same margin.
+VLLM_FREE_GAP = int(2.7 * 2**30)
 ENDPOINT_STATES = ("active", "activating", "reloading", "deactivating")  # the unit holds its memory
 DAEMON_JSON = "/etc/docker/daemon.json"
 # dockerd flags whose daemon.json key is not the long flag name without its dashes (dockerd's own mapping).
@@ -221,9 +224,10 @@ def _memory(endpoint: Endpoint, facts: Facts) -> Iterator[Finding]:
         wanted = budget(endpoint, total).available
     except (TypeError, ValueError):
         return  # flag.number reports it
-    if available < wanted:
+    if available - VLLM_FREE_GAP < wanted:
         yield Finding("host.memory", "warning", "vllm_args.gpu-memory-utilization",
-                      f"only {gb(available)} is available now (MemAvailable) but vLLM asks for {gb(wanted)} "
+                      f"only {gb(available)} is available now (MemAvailable, which vLLM 0.28 reads about 2.7 GiB "
+                      f"lower on GB10) but vLLM asks for {gb(wanted)} "
                       "at start-up: page cache or other processes hold unified memory and its start-up check "
                       "fails (vllm #48140); run `sync; echo 3 > /proc/sys/vm/drop_caches` or stop what holds it")
 

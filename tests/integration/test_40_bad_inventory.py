@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
-from tests.integration.conftest import Run, pyinfra
+from tests.integration.conftest import INVENTORY, Run, on_host, pyinfra
+from tests.lab import REPO, fleet
+
+INVOCATION = "systemctl show -p InvocationID --value sparkfleet-vllm.service docker.service"
 
 CASES = {
     "parser-qwen": (['vllm_args={"tool-call-parser": "qwen"}'], "vllm_args.tool-call-parser", "qwen3_xml"),
@@ -20,6 +26,15 @@ CASES = {
     "relative-model-dir": (["model_dir=models/qwen"], "model_dir", "absolute path"),
     "misspelled-variable": (["vllm_recipie=qwen3.6-35b-a3b-fp8"], "vllm_recipie", "Did you mean `vllm_recipe`?"),
     "literal-secret": (["vllm_api_key=sk-literal"], "vllm_api_key", "env:VARIABLE"),
+    # Round two (issue 10): each reached a host, or a traceback, before.
+    "max-num-seqs-negative": (['vllm_args={"max-num-seqs": -1}'], "vllm_args.max-num-seqs", "give e.g. 4"),
+    "binary-size-with-decimal": (['vllm_args={"max-num-batched-tokens": "1.5K"}'],
+                                 "vllm_args.max-num-batched-tokens", "write 1.5k or 1536"),
+    "missing-controller-dir": (["model_source=/nonexistent/models"], "model_source",
+                               "does not exist on this controller"),
+    "url-with-a-quote": (["nvidia_key_url=http://nvidia.lab/gpg'key"], "nvidia_key_url", "percent-encode it"),
+    "known-bad-image": (["vllm_recipe=qwen3.6-35b-a3b-fp8", "vllm_image=vllm/vllm-openai:cu130-nightly"],
+                        "vllm_image", "vllm #42738"),
 }
 
 
@@ -34,3 +49,17 @@ def test_bad_value_fails_before_any_change(deployed: Run, case: str) -> None:
     assert "nothing was changed on any host" in run.output
     assert "Traceback" not in run.output
     assert "Starting operation" not in run.output
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["rollout", "--canary", "0"], "argument --canary: 0 hosts cannot make a batch: give 1 or more"),
+    (["doctor", "--limit", "spark-9*"], "--limit spark-9* matches no host in inventory/lab.py"),
+    (["rollout", "--limit", "nowhere"], "--limit nowhere matches no host in inventory/lab.py"),
+])
+def test_bad_arguments_are_one_message(deployed: Run, lab: fleet.LabState, args: list[str], message: str) -> None:
+    before = {h.name: on_host(h.container, INVOCATION) for h in lab.hosts}
+    result = subprocess.run([sys.executable, "-m", "sparkfleet", args[0], INVENTORY, *args[1:]], cwd=REPO,
+                            capture_output=True, text=True)
+    assert result.returncode != 0
+    assert message in result.stderr and "Traceback" not in result.stderr + result.stdout
+    assert {h.name: on_host(h.container, INVOCATION) for h in lab.hosts} == before
