@@ -578,3 +578,42 @@ def test_sigterm_stops_at_once_while_loading(launch: Launch, model_dir: Path) ->
     standin.wait_for_log("Starting to load model")
     standin.proc.send_signal(signal.SIGTERM)
     assert standin.proc.wait(timeout=2) == 0
+
+
+def test_sigterm_with_shutdown_timeout_finishes_running_requests(launch: Launch, model_dir: Path) -> None:
+    """vLLM's --shutdown-timeout: SIGTERM refuses new requests, lets running ones finish, then exits 0."""
+    standin = launch(model_dir, "--shutdown-timeout", "10", VLLM_STANDIN_TOKEN_SECONDS="0.2")
+    standin.wait_ready()
+    answer: dict[str, Any] = {}
+    body = {"model": str(model_dir), "messages": [{"role": "user", "content": "hi"}], "max_tokens": 200}
+    running = threading.Thread(target=lambda: answer.update(reply=http(standin.port, "/v1/chat/completions",
+                                                                       body, timeout=10)))
+    running.start()
+    time.sleep(0.5)  # the request is generating (its reply's tokens at 200 ms each)
+    standin.proc.send_signal(signal.SIGTERM)
+    standin.wait_for_log("Graceful shutdown: waiting up to 10 s for 1 in-flight requests")
+    assert http(standin.port, "/health", timeout=2)[0] == 503  # new requests are refused
+    running.join(10)
+    status, reply = answer["reply"]
+    assert status == 200 and json.loads(reply)["usage"]["completion_tokens"] > 5
+    assert standin.proc.wait(5) == 0
+
+
+def test_sigterm_without_shutdown_timeout_aborts_running_requests(launch: Launch, model_dir: Path) -> None:
+    standin = launch(model_dir, VLLM_STANDIN_TOKEN_SECONDS="0.2")
+    standin.wait_ready()
+    errors: list[BaseException] = []
+    body = {"model": str(model_dir), "messages": [{"role": "user", "content": "hi"}], "max_tokens": 200}
+
+    def request() -> None:
+        try:
+            http(standin.port, "/v1/chat/completions", body, timeout=10)
+        except OSError as error:
+            errors.append(error)
+
+    running = threading.Thread(target=request)
+    running.start()
+    time.sleep(0.5)
+    standin.proc.send_signal(signal.SIGTERM)
+    running.join(10)
+    assert standin.proc.wait(5) == 0 and len(errors) == 1  # the connection died with the server

@@ -1123,6 +1123,25 @@ class StandinHTTPServer(ThreadingHTTPServer):
     def __init__(self, address: tuple[str, int]) -> None:
         self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         super().__init__(address, Handler, bind_and_activate=False)
+        self.draining = False  # --shutdown-timeout: after SIGTERM, refuse new requests, finish running ones
+        self.in_flight = 0
+        self._count = threading.Lock()
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if self.draining:
+            request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        with self._count:
+            self.in_flight += 1
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            with self._count:
+                self.in_flight -= 1
 
     def server_bind(self) -> None:
         # HTTPServer.server_bind resolves the FQDN, which stalls in containers without DNS.
@@ -1186,8 +1205,31 @@ def read_mode() -> str:
     return mode
 
 
+# What SIGTERM needs: the serving socket and vLLM's --shutdown-timeout (0, the default, aborts at once).
+SHUTDOWN: dict[str, Any] = {"server": None, "timeout": 0.0}
+
+
 def on_signal(signum: int, frame: object) -> None:
-    """docker stop sends SIGTERM to PID 1: shut down at once with status 0, as uvicorn does."""
+    """docker stop sends SIGTERM to PID 1. With --shutdown-timeout N (vLLM PRs #34730, #36666) new requests are
+    refused and running ones get up to N s to finish; without it the server shuts down at once, as uvicorn does."""
+    server = SHUTDOWN["server"]
+    if server is not None and SHUTDOWN["timeout"] > 0 and not server.draining:
+        server.draining = True
+        threading.Thread(target=drain, args=(server, SHUTDOWN["timeout"]), daemon=True).start()
+        return
+    exit_now()
+
+
+def drain(server: StandinHTTPServer, timeout: float) -> None:
+    os.write(1, f"(APIServer pid={os.getpid()}) INFO:     Graceful shutdown: waiting up to {timeout:g} s for "
+                f"{server.in_flight} in-flight requests\n".encode())
+    deadline = time.monotonic() + timeout
+    while server.in_flight > 0 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    exit_now()
+
+
+def exit_now() -> None:
     lines = ("Shutting down", "Waiting for application shutdown.", "Application shutdown complete.")
     os.write(1, "".join(f"(APIServer pid={os.getpid()}) INFO:     {line}\n" for line in lines).encode())
     os._exit(0)  # no buffered print from a signal handler: it may interrupt another print
@@ -1306,6 +1348,7 @@ def serve(argv: list[str]) -> None:
     except Fatal as err:
         die(err.final, err.frames)
     server.engine = build_engine(args, sizing, mode)
+    SHUTDOWN.update(server=server, timeout=float(args.get("shutdown-timeout") or 0))
     server.server_activate()
     host, port = server.server_name, server.server_port
     log(f"Starting vLLM API server 0 on http://{host}:{port}", "api_server.py:1971")
