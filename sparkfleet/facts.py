@@ -149,11 +149,11 @@ class DockerImageId(FactBase):
         return text or None
 
 
-class UnitResult(FactBase):
-    """systemd's Result of a unit (`success`, `exit-code`, `start-limit-hit`, ...)."""
+class UnitActiveState(FactBase):
+    """systemd's ActiveState of a unit (`active`, `activating`, `failed`, `inactive`, ...)."""
 
     def command(self, unit: str) -> StringCommand:
-        return StringCommand("systemctl show -p Result --value", QuoteString(unit), "2>/dev/null", "||", "true")
+        return StringCommand("systemctl show -p ActiveState --value", QuoteString(unit), "2>/dev/null", "||", "true")
 
     def process(self, output: list[str]) -> str:
         return output[0].strip() if output else ""

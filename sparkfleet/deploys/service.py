@@ -12,7 +12,7 @@ from pyinfra.operations import files, server, systemd
 from sparkfleet import secrets
 from sparkfleet.deploys.context import TEMPLATES, activations, restart_triggers, staging_only, will_change
 from sparkfleet.endpoint import ENV_FILE, ETC, LOADED_WEIGHTS, MANIFEST, UNIT, Endpoint
-from sparkfleet.facts import UnitResult, WeightsLoaded
+from sparkfleet.facts import UnitActiveState, WeightsLoaded
 from sparkfleet.operations import image_pulled
 from sparkfleet.unit import UnitView
 
@@ -64,15 +64,23 @@ def install_service(spark: Endpoint) -> None:
         systemd.service(name=f"Keep {UNIT} installed but stopped (vllm_start is false)",
                         service=f"{UNIT}.service", running=False, enabled=False)
         return
-    if host.get_fact(UnitResult, unit=f"{UNIT}.service") == "start-limit-hit":
-        # systemd refuses even a manual start until the limit is cleared: a re-run after a fix must work.
-        server.shell(name=f"Clear {UNIT}'s start limit (it gave up after repeated failed starts)",
-                     commands=[f"systemctl reset-failed {UNIT}.service"])
-    start = systemd.service(name=f"Enable and start {UNIT}", service=f"{UNIT}.service", running=True, enabled=True)
-    activations[spark.host].append(start)
+    # Every start counts toward the unit's start limit, which is there to stop crash loops: a deliberate
+    # (re)start by the deploy resets the counter first, so a few config changes in an hour never hit it, and a
+    # unit that gave up (`start-limit-hit`) starts again on the re-run after a fix.
+    stopped = host.get_fact(UnitActiveState, unit=f"{UNIT}.service") != "active"
     # Weights staged by an earlier run (rollout's stage phase) count too: the endpoint still runs the old ones.
     loaded = host.get_fact(WeightsLoaded, manifest=f"{spark.weights_dir}/{MANIFEST}", loaded=LOADED_WEIGHTS)
-    if not will_change(start) and (will_change(*triggers) or loaded == "differs"):
+    earlier = list(activations[spark.host])  # a toolkit change or dockerd restart stopped it: it starts below
+    restart = will_change(*triggers) or loaded == "differs"
+    if stopped or restart or will_change(*earlier):
+        server.shell(
+            name=f"Reset {UNIT}'s start counter before a deliberate (re)start (only crashes count toward its limit)",
+            commands=[f"systemctl reset-failed {UNIT}.service"],
+            _if=lambda: stopped or loaded == "differs" or any(op.did_change() for op in (*earlier, *triggers)),
+        )
+    start = systemd.service(name=f"Enable and start {UNIT}", service=f"{UNIT}.service", running=True, enabled=True)
+    activations[spark.host].append(start)
+    if not will_change(start) and restart:
         activations[spark.host].append(systemd.service(
             name=f"Restart {UNIT} because its unit, secrets, image or weights changed",
             service=f"{UNIT}.service", restarted=True,

@@ -62,7 +62,7 @@ def test_a_crash_loop_alerts_before_the_start_limit_and_a_redeploy_recovers(spar
 
     _wait_for("systemd's start limit", lambda: _unit(spark03.container, "Result") == "start-limit-hit", 420)
     recovered = pyinfra("deploy.py", "--limit", HOST)  # the fix: the inventory's own image
-    assert recovered.changed_by(f"Clear {UNIT}'s start limit") == 1
+    assert recovered.changed_by(f"Reset {UNIT}'s start counter") == 1
     assert recovered.changed_by("Wait until the endpoint is healthy") == 1
     assert _unit(spark03.container, "ActiveState") == "active"
     assert pyinfra("deploy.py", "--limit", HOST).changed == 0
