@@ -21,6 +21,10 @@ _overrides = json.loads(_OVERRIDES.read_text()) if _OVERRIDES.exists() else {}
 
 def _host(lab_host: dict) -> tuple[str, dict]:
     arm64 = lab_host["arch"] == "arm64"
+    # Endpoints listen on each host container's own address (the unit runs vLLM on the host's network), which
+    # this machine reaches on the lab's Docker network; SSH goes through a published port instead.
+    port = _overrides.get(lab_host["name"], {}).get("vllm_port", 8000)
+    url = {"vllm_url": f"http://{lab_host['address']}:{port}"} if lab_host.get("address") else {}
     # Stock-shaped hosts are reached as a Spark is: the owner's sudo user (root does not log in over SSH).
     stock = lab_host.get("profile", "stock") == "stock"
     return lab_host["name"], {
@@ -42,7 +46,7 @@ def _host(lab_host: dict) -> tuple[str, dict]:
         # Containers cannot start under qemu-user emulation: stage everything, start nothing.
         "vllm_start": not arm64,
         "health_textfile_dir": "/var/lib/node_exporter/textfile_collector",
-    } | _overrides.get(lab_host["name"], {})
+    } | url | _overrides.get(lab_host["name"], {})
 
 
 _hosts = [_host(h) for h in _lab["hosts"]]

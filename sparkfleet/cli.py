@@ -9,7 +9,7 @@ import sys
 import click
 from pyinfra.api.exceptions import PyinfraError
 
-from sparkfleet import rollout
+from sparkfleet import bench, rollout
 from sparkfleet.config import InventoryError
 from sparkfleet.docs import variables_table
 from sparkfleet.secrets import SecretError
@@ -103,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     _doctor_parser(commands)
     _read_only_parsers(commands)
     rollout.add_parser(commands, add_targeting)
+    bench.add_parser(commands, add_targeting)
     args = parser.parse_args(argv)
     try:
         return _dispatch(args)
@@ -117,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
 def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "rollout":
         return rollout.main(args)
+    if args.command == "bench":
+        return bench.main(args)
     if args.command == "doctor":
         return _doctor(args)
     if args.command == "status":

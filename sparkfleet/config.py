@@ -99,11 +99,18 @@ class SparkConfig(BaseModel):
         examples=[["vllm/vllm-openai@sha256:…"]])
     vllm_port: int = Field(8000, ge=1, le=65535, description="Port the endpoint serves on (host network).",
                            examples=[8001])
+    vllm_url: WebUrl | None = Field(
+        None, description="URL clients (and `sparkfleet bench`) use to reach this endpoint; default "
+        "`http://<ssh_hostname or host name>:<vllm_port>`.", examples=["http://spark-01.lan:8000"])
     vllm_served_model_name: str | None = Field(
         None, description="Model name clients send; defaults to the recipe's model id.", examples=["qwen"])
     vllm_start: bool = Field(
         True, description="Start the endpoint; false installs and stages everything but starts nothing "
         "(pre-staging a fleet, emulated hosts).", examples=[False])
+    vllm_bench_gate: bool = Field(
+        False, description="Gate every rollout batch on a bench of this host against its last known-good record, "
+        "as `sparkfleet rollout --bench` does: a drop in tokens/s or MTP acceptance rolls the batch back.",
+        examples=[True])
     vllm_api_key: SecretRef | None = Field(
         None, description="Where the endpoint's API key comes from; it reaches the Spark only in a root-only "
         "env file.", examples=["env:SPARKFLEET_VLLM_API_KEY"])

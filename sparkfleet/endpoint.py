@@ -49,9 +49,13 @@ class Endpoint:
         return f"{MODEL_MOUNT}/{self.model_slug}"
 
     @property
+    def model_revision(self) -> str:
+        """The recipe's pinned revision of the model, `org/name@revision`."""
+        return f"{self.recipe.model.id}@{self.recipe.model.revision}"
+
+    @property
     def model_source(self) -> str:
-        model = self.recipe.model
-        return self.config.model_source or f"hf://{model.id}@{model.revision}"
+        return self.config.model_source or f"hf://{self.model_revision}"
 
 
 def resolve(host: str, config: SparkConfig) -> Endpoint:

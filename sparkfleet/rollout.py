@@ -2,7 +2,8 @@
 
 pyinfra alone runs each operation on every host at once and keeps going after a failure; a fleet of
 one-GPU boxes needs the opposite: one canary, then small batches, and a stop at the first sick batch.
-Each phase is a plain `pyinfra` run (`--limit` to the batch), so what runs is exactly `deploy.py`.
+Each phase is a plain `pyinfra` run (`--limit` to the batch), so what runs is exactly `deploy.py`. With
+`--bench` (or `vllm_bench_gate`), a batch must also serve as fast as before it changed (bench.Gate).
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
+from sparkfleet import bench
 from sparkfleet.deploys.health import CONFIG, STATE_DIR, wait_command
 from sparkfleet.endpoint import ENV_FILE, UNIT
 
@@ -32,6 +35,7 @@ class HostResult:
     batch: int
     outcome: str = "pending"  # updated, rolled-back, rollback-failed, skipped
     diagnosis: str = ""
+    bench: dict[str, Any] | None = None  # the bench gate's verdict, when the host was gated
 
 
 @dataclass
@@ -57,6 +61,17 @@ def host_count(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{count} hosts cannot make a batch: give 1 or more "
                                          "(every batch, the canary first, deploys at least one host)")
     return count
+
+
+def tolerance(text: str) -> float:
+    """argparse type of --bench-tolerance: a fraction of the known-good figure, 0 to 1."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a fraction: give e.g. 0.15 for 15 %") from None
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: give a fraction from 0 to below 1, e.g. 0.15 for 15 %")
+    return value
 
 
 def plan_batches(hosts: list[str], canary: int, batch: int) -> list[list[str]]:
@@ -132,8 +147,11 @@ def _tail(output: str) -> str:
 
 
 def run(inventory: str, hosts: list[str], serving: set[str], data: list[str], canary: int, batch: int,
-        timeout: int, say: Callable[[str], None]) -> Rollout:
-    """Stage everywhere, then each batch: snapshot, deploy, gate; on a bad batch roll it back and stop."""
+        timeout: int, say: Callable[[str], None], gate: bench.Gate | None = None) -> Rollout:
+    """Stage everywhere, then each batch: snapshot, deploy, gate; on a bad batch roll it back and stop.
+
+    With a bench `gate`, its hosts in a batch are benched before the batch changes them (when they have no
+    reference yet) and after its health gate; a drop fails the batch like a sick host."""
     plan = Rollout(plan_batches(hosts, canary, batch))
     for number, members in enumerate(plan.batches):
         for host in members:
@@ -147,17 +165,30 @@ def run(inventory: str, hosts: list[str], serving: set[str], data: list[str], ca
         return plan
     for number, members in enumerate(plan.batches):
         say(f"batch {number + 1}/{len(plan.batches)}: {', '.join(members)}")
+        benched = [h for h in members if h in serving and h in gate.hosts] if gate else []
+        if gate and benched:
+            gate.prepare(benched)
         _exec(inventory, members, snapshot_command())
         deploy = _pyinfra(inventory, [DEPLOY], members, data)
         verdicts = _gate(inventory, [h for h in members if h in serving], timeout)
         sick = {h: v for h, (ok, v) in verdicts.items() if not ok}
+        measured: dict[str, bench.Verdict] = {}
+        if gate and benched and deploy.returncode == 0 and not sick:
+            sick = gate.check(benched)
+            gate.commit(benched, passed=not sick)
+            measured = {host: gate.verdicts[host] for host in benched}
+            for host, verdict in measured.items():
+                plan.results[host].bench = verdict.as_dict()
         if deploy.returncode == 0 and not sick:
             for host in members:
                 plan.results[host].outcome = "updated"
                 plan.results[host].diagnosis = verdicts.get(host, (True, "installed (vllm_start is false)"))[1]
+                if host in measured:
+                    plan.results[host].diagnosis += f"; {measured[host].message()}"
             continue
         plan.failed_batch = number
-        _roll_back(plan, inventory, members, serving, sick, _tail(deploy.stdout + deploy.stderr), timeout, say)
+        why = _tail(deploy.stdout + deploy.stderr) if deploy.returncode else "passed, rolled back with its batch"
+        _roll_back(plan, inventory, members, serving, sick, why, timeout, say)
         for later in plan.batches[number + 1:]:
             for host in later:
                 plan.results[host].outcome = "skipped"
@@ -190,6 +221,13 @@ def add_parser(commands: argparse._SubParsersAction,
     add_targeting(rollout)
     rollout.add_argument("--batch", type=host_count, default=1, help="hosts per batch after the canary (default 1)")
     rollout.add_argument("--canary", type=host_count, default=1, help="hosts in the first batch (default 1)")
+    rollout.add_argument("--bench", action="store_true",
+                         help="also gate each batch on a bench against each host's last known-good record "
+                         "(`vllm_bench_gate` turns it on per host)")
+    rollout.add_argument("--bench-tolerance", type=tolerance, default=bench.DEFAULT_TOLERANCE, metavar="FRACTION",
+                         help="largest drop in tokens/s or MTP acceptance a batch may show "
+                         f"(default {bench.DEFAULT_TOLERANCE})")
+    bench.add_load_arguments(rollout, prefix="bench-")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -203,7 +241,7 @@ def main(args: argparse.Namespace) -> int:
     from sparkfleet.fleet import FleetError, load_fleet
 
     console = Console(stderr=args.json, width=None if sys.stdout.isatty() else 140)
-    _, hosts = load_hosts(args.inventory, args.limit, args.data)
+    state, hosts = load_hosts(args.inventory, args.limit, args.data)
     try:
         endpoints, _ = load_fleet({host.name: host.data.dict() for host in hosts})
     except FleetError as error:
@@ -212,8 +250,14 @@ def main(args: argparse.Namespace) -> int:
     names = [host.name for host in hosts]
     serving = {name for name, spark in endpoints.items() if spark.config.vllm_start}
     timeout = max((spark.recipe.load_timeout_seconds for spark in endpoints.values()), default=0)
-    plan = run(args.inventory, names, serving, args.data, args.canary, args.batch, timeout,
-               lambda line: console.print(f"rollout: {line}"))
+
+    def say(line: str) -> None:
+        console.print(f"rollout: {line}", highlight=False)
+
+    gated = {host.name: host for host in hosts if args.bench or endpoints[host.name].config.vllm_bench_gate}
+    gate = bench.Gate(state, gated, endpoints, bench.Load(args.bench_concurrency, args.bench_duration),
+                      args.bench_tolerance, say) if gated else None
+    plan = run(args.inventory, names, serving, args.data, args.canary, args.batch, timeout, say, gate)
     if args.json:
         sys.stdout.write(json.dumps(plan.as_json(), indent=2) + "\n")
     else:

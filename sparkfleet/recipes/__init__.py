@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt
 
 RECIPE_DIR = Path(__file__).parent
 
@@ -41,6 +41,18 @@ class ImageNote(BaseModel):
     source: str = Field(description="public source of the claim: an issue, a playbook, a measurement")
 
 
+class Expected(BaseModel):
+    """Figures a recipe was measured at on a Spark, with their source, so `sparkfleet bench` can say how a
+    host compares; each is a floor (a host below it serves worse than the recipe can)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mtp_acceptance: float | None = Field(None, gt=0, le=1, description="MTP draft acceptance, accepted / drafted")
+    tokens_per_second: PositiveFloat | None = Field(None, description="decode tokens/s of one stream")
+    concurrency: PositiveInt = Field(1, description="parallel streams tokens_per_second was measured at")
+    source: str = Field(description="where the figures come from, and under which versions and flags")
+
+
 class Recipe(BaseModel):
     """A known-good way to serve one model: inventory overrides single flags on top of it."""
 
@@ -59,6 +71,7 @@ class Recipe(BaseModel):
     # sm_121 kernels cannot be told from its name (vllm #40758 crashed on a cu130 build).
     validated_images: list[ImageNote] = Field(default_factory=list)
     known_bad_images: list[ImageNote] = Field(default_factory=list)
+    expected: Expected | None = None
 
 
 @cache

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Read-only status of this Spark's vLLM endpoint, for `sparkfleet status` and `sparkfleet drift`.
+"""Read-only status of this Spark's vLLM endpoint, for `sparkfleet status`, `drift` and `bench` (`--serving`).
 
 Installed as /usr/local/lib/sparkfleet/status.py; stdlib only, like the health checker beside it. Prints one
 line, MARKER then a JSON object, so the controller finds it among whatever a login shell prints.
@@ -42,6 +42,10 @@ UNIT_PROPERTIES = (
 )
 # One JSON object per container, so no field can be mistaken for another.
 INSPECT_FORMAT = '{"image": {{json .Config.Image}}, "image_id": {{json .Image}}, "cmd": {{json .Config.Cmd}}}'
+SERVING_FORMAT = ('{"path": {{json .Path}}, "args": {{json .Args}}, "image": {{json .Config.Image}}, '
+                  '"image_id": {{json .Image}}}')
+LOADED_WEIGHTS = Path("/run/sparkfleet/loaded-weights.json")  # the unit copies the manifest there at each start
+DRIVER_TIMEOUT = 20  # seconds: a wedged driver can hang nvidia-smi
 METRICS = {
     "vllm:num_requests_running": "requests_running",
     "vllm:num_requests_waiting": "requests_waiting",
@@ -235,11 +239,65 @@ def weights_check(args: list[str]) -> dict[str, Any]:
         return {"state": "error", "message": lines[-1] if lines else f"exit code {done.returncode}"}
 
 
+# --- what produced a benchmark ------------------------------------------------------------------------
+
+
+def parse_serving(container: str | None, digests: str | None, loaded: Any, driver: str | None) -> dict[str, Any]:
+    """The serving configuration a benchmark result belongs to (seed 004: the config is part of the model).
+
+    `container` is `docker inspect` of the running container (SERVING_FORMAT), `digests` its image's
+    RepoDigests as JSON, `loaded` the weights manifest the unit started with, `driver` nvidia-smi's answer.
+    The image digest is the registry digest of the image's own repository when docker knows one (the same on
+    every host that pulled it), else the local image id.
+    """
+    try:
+        data = json.loads(container or "")
+    except ValueError:
+        data = None
+    data = data if isinstance(data, dict) else {}
+    try:
+        repo_digests = json.loads(digests or "")
+    except ValueError:
+        repo_digests = None
+    repo_digests = [d for d in repo_digests if isinstance(d, str)] if isinstance(repo_digests, list) else []
+    image = data.get("image")
+    own = [d for d in repo_digests if d.split("@", 1)[0] == repository(image)]
+    argv = [data["path"], *(data.get("args") or [])] if data.get("path") else None
+    weights = loaded.get("source_digest") if isinstance(loaded, dict) else None
+    version = (driver or "").strip().splitlines()
+    return {
+        "argv": argv,
+        "image": image,
+        "image_digest": (own or repo_digests or [data.get("image_id")])[0],
+        "weights_digest": weights if isinstance(weights, str) else None,
+        "driver": version[0].strip() if version else None,
+    }
+
+
+def repository(image: object) -> str:
+    """`registry:5000/org/name:tag@sha256:…` without its tag and digest."""
+    name = image.split("@", 1)[0] if isinstance(image, str) else ""
+    head, colon, tag = name.rpartition(":")
+    return head if colon and "/" not in tag else name
+
+
+def serving() -> dict[str, Any]:
+    container = run(["docker", "inspect", "-f", SERVING_FORMAT, CONTAINER])
+    try:
+        image_id = json.loads(container or "").get("image_id")
+    except (ValueError, AttributeError):
+        image_id = None
+    digests = run(["docker", "image", "inspect", "-f", "{{json .RepoDigests}}", image_id]) if image_id else None
+    driver = run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], timeout=DRIVER_TIMEOUT)
+    return parse_serving(container, digests, read_json(LOADED_WEIGHTS), driver)
+
+
 # --- the report ----------------------------------------------------------------------------------------
 
 
-def collect(image: str | None = None, weights: list[str] | None = None) -> dict[str, Any]:
-    """Everything in one object; `image` adds the local id of the wanted image, `weights` the weights check."""
+def collect(image: str | None = None, weights: list[str] | None = None, with_serving: bool = False) -> dict[str, Any]:
+    """Everything in one object; `image` adds the local id of the wanted image, `weights` the weights check,
+    `with_serving` what `sparkfleet bench` records with a result (argv, image digest, weights, driver)."""
     health = health_status(read_json(HEALTH_CONFIG))
     report: dict[str, Any] = {
         "host": socket.gethostname(),
@@ -257,6 +315,8 @@ def collect(image: str | None = None, weights: list[str] | None = None) -> dict[
         report["wanted_image_id"] = (run(["docker", "image", "inspect", "-f", "{{.Id}}", image]) or "").strip() or None
     if weights is not None:
         report["weights"] = weights_check(weights)
+    if with_serving:
+        report["serving"] = serving()
     return report
 
 
@@ -266,9 +326,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--weights-check", metavar="ARGS",
                         help="also run `stage_weights.py check ARGS`: one shell-quoted string, "
                         "given as --weights-check='--dest ...' since it starts with a dash")
+    parser.add_argument("--serving", action="store_true",
+                        help="also report the running container's argv, image digest, loaded weights and driver")
     args = parser.parse_args(argv)
     weights = shlex.split(args.weights_check) if args.weights_check is not None else None
-    sys.stdout.write(MARKER + json.dumps(collect(args.image, weights), sort_keys=True) + "\n")
+    sys.stdout.write(MARKER + json.dumps(collect(args.image, weights, args.serving), sort_keys=True) + "\n")
     return 0
 
 

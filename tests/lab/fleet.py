@@ -44,6 +44,7 @@ class LabHost:
     container: str
     ssh_port: int
     profile: str = "stock"
+    address: str = ""  # on the lab network, where its endpoint listens (host network in the host); "" in old state
 
     @property
     def user(self) -> str:
@@ -136,6 +137,12 @@ def _ensure_container(name: str, image: str, args: list[str], extra: str = "") -
     log(f"starting {name}")
     run(["docker", "run", "-d", "--name", name, "--label", LABEL, "--label", f"sparkfleet-lab.config={config}",
          *args, image], quiet=True)
+
+
+def _address(container: str) -> str:
+    """The container's IP address on the lab network, which this machine reaches directly (a Docker bridge)."""
+    template = f'{{{{(index .NetworkSettings.Networks "{NETWORK}").IPAddress}}}}'
+    return run(["docker", "inspect", "-f", template, container], quiet=True).stdout.decode().strip()
 
 
 def _published_port(container: str, port: int) -> int:
@@ -257,6 +264,7 @@ def _start_host(host: LabHost, image: str) -> None:
         extra=_provisioning(host),
     )
     host.ssh_port = _published_port(host.container, 22)
+    host.address = _address(host.container)
 
 
 def _wait_ready(host: LabHost) -> None:

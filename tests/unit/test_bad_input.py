@@ -49,7 +49,7 @@ def inventory(tmp_path: Path) -> Path:
     return path
 
 
-@pytest.mark.parametrize("command", ["doctor", "status", "drift", "rollout"])
+@pytest.mark.parametrize("command", ["doctor", "status", "drift", "rollout", "bench"])
 def test_a_limit_that_matches_nothing_is_one_message(tmp_path: Path, inventory: Path, command: str) -> None:
     result = _sparkfleet(tmp_path, command, inventory.name, "--limit", "spark-z*")
     assert result.returncode == 1

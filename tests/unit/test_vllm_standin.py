@@ -24,7 +24,7 @@ import yaml
 from sparkfleet.vllm_flags import DATA
 from tests.lab.standins.model import generate_checkpoint, shard_name
 from tests.lab.standins.vllm_data import write_image_data
-from tests.lab.standins.vllm_standin import CHOICES_FILE
+from tests.lab.standins.vllm_standin import CHOICES_FILE, REPLY_WORDS, ServeArgs, decode_pace, tuned
 
 STANDIN = Path(__file__).parents[1] / "lab" / "standins" / "vllm_standin.py"
 SERVED = "qwen3.6-35b-a3b"
@@ -392,6 +392,65 @@ def test_metrics_count_tokens_and_speculative_acceptance(server: Standin) -> Non
         "vllm:spec_decode_num_draft_tokens_total"
     )
     assert 0.7 <= acceptance <= 0.9
+
+
+def test_ignore_eos_runs_on_to_max_tokens(server: Standin) -> None:
+    """vLLM's `ignore_eos` (which `vllm bench` sends) makes a reply exactly max_tokens long, so benches compare."""
+    body = {"model": SERVED, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 40}
+    natural = json.loads(http(server.port, "/v1/chat/completions", key=KEY, body=body)[1])
+    assert natural["usage"]["completion_tokens"] == len(REPLY_WORDS)
+    assert natural["choices"][0]["finish_reason"] == "stop"
+    status, raw = http(server.port, "/v1/chat/completions", key=KEY, body={**body, "ignore_eos": True})
+    reply = json.loads(raw)
+    words = reply["choices"][0]["message"]["content"].split()
+    assert status == 200 and len(words) == reply["usage"]["completion_tokens"] == 40
+    assert words[: len(REPLY_WORDS)] == words[len(REPLY_WORDS): 2 * len(REPLY_WORDS)] == list(REPLY_WORDS)
+    assert reply["choices"][0]["finish_reason"] == "length"
+
+
+def test_kernel_flags_set_the_acceptance_band(launch: Launch, model_dir: Path) -> None:
+    """Seed 004: 78-89 % MTP acceptance with marlin, fp8 KV and flashinfer; 46-65 % with any of them missing."""
+    flags = [flag for flag in RECIPE if flag not in ("--attention-backend", "flashinfer")]
+    standin = launch(model_dir, *flags, VLLM_STANDIN_TOKEN_SECONDS="0")
+    standin.wait_ready()
+    for _ in range(5):
+        http(standin.port, "/v1/completions", body={"model": SERVED, "prompt": "x", "max_tokens": 50})
+    acceptance = standin.metric("vllm:spec_decode_num_accepted_tokens_total") / standin.metric(
+        "vllm:spec_decode_num_draft_tokens_total"
+    )
+    assert 0.44 <= acceptance <= 0.67
+
+
+def test_which_flags_count_as_tuned() -> None:
+    recipe = {"moe-backend": "marlin", "kv-cache-dtype": "fp8_e4m3", "attention-backend": "FLASHINFER"}
+    assert tuned(ServeArgs(None, recipe | {"attention-backend": "flashinfer"}))
+    for name in recipe:
+        assert not tuned(ServeArgs(None, {k: v for k, v in recipe.items() if k != name})), name
+    assert not tuned(ServeArgs(None, recipe | {"kv-cache-dtype": "auto"}))
+
+
+def test_decode_pace_holds_with_the_kernel_flags_and_drops_without() -> None:
+    """Without the flags one sequence is faster (seed 004: ~60 against ~45 tokens/s), several are slower."""
+    assert decode_pace(True, 1) == decode_pace(True, 4) == 1.0
+    assert decode_pace(False, 1) == pytest.approx(0.75)
+    assert decode_pace(False, 0) == decode_pace(False, 1)
+    assert 1.0 < decode_pace(False, 2) < decode_pace(False, 4)
+
+
+def test_streamed_tokens_take_the_token_time(launch: Launch, model_dir: Path) -> None:
+    """TTFT and tokens/s are measurable: a longer prompt takes longer to prefill, each token its time."""
+    standin = launch(model_dir, *RECIPE, VLLM_STANDIN_TOKEN_SECONDS="0.02")
+    standin.wait_ready()
+
+    def timed(prompt: str, tokens: int) -> float:
+        body = {"model": SERVED, "messages": [{"role": "user", "content": prompt}], "max_tokens": tokens,
+                "ignore_eos": True, "stream": True}
+        start = time.monotonic()
+        http(standin.port, "/v1/chat/completions", body=body)
+        return time.monotonic() - start
+
+    assert 0.9 <= timed("hi", 50) <= 1.6  # 50 tokens at 20 ms
+    assert timed("word " * 800, 1) - timed("hi", 1) >= 0.8  # 1000 more prompt tokens at 1 ms each
 
 
 def test_no_spec_decode_metrics_without_speculative_config(plain_server: Standin) -> None:

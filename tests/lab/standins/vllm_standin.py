@@ -11,7 +11,8 @@ Environment:
   VLLM_STANDIN_MODE           ok | crash-cutlass | crash-after-load | hang | hang-engine | slow | busy
                               (else the content of /etc/vllm-standin/mode, else ok)
   VLLM_STANDIN_LOAD_SECONDS   simulated weight-load time (default 5, 240 in slow mode)
-  VLLM_STANDIN_TOKEN_SECONDS  simulated time per generated token (default 0.01)
+  VLLM_STANDIN_TOKEN_SECONDS  simulated time per generated token of one sequence with seed 004's kernel flags
+                              (default 0.01; see decode_pace), a prompt token costing PREFILL_SHARE of it
   VLLM_STANDIN_CRASH_SECONDS  crash-after-load: seconds it serves before the engine dies (default 10)
   VLLM_STANDIN_BUSY_SECONDS   busy: seconds each request queues behind other clients' long prefills before it
                               runs (default 90, above the health check's 60 s deep-probe timeout)
@@ -21,6 +22,11 @@ answers like ok, then its engine dies mid-serving and the process exits 1 (a cra
 accepts connections and never answers; hang-engine answers /health but never generates; slow loads for minutes;
 busy serves other clients' long requests (running sequences, generated tokens advancing on /metrics) so every
 new request waits in the queue longer than a probe's timeout.
+
+Serving follows the flags the way seed 004 measured on a Spark: with `--moe-backend marlin`, `--kv-cache-dtype
+fp8` and `--attention-backend flashinfer` all set, MTP draft acceptance is 78-89 % and decode keeps its pace under
+concurrency; without any of them, 46-65 % and slower as sequences are added. A reply is the natural sentence,
+cut at max_tokens; with `ignore_eos` (as `vllm bench` sends it) it runs on to max_tokens.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import random
 import signal
 import socket
 import socketserver
@@ -80,7 +87,15 @@ INT_FLAGS = (
 UNIFIED_MEMORY_BYTES = 128 * 2**30  # one GB10: CPU and GPU share it
 RESERVED_BYTES = 4 * 2**30  # activations and CUDA graphs, taken before the KV cache
 HYBRID_KV_FACTOR = 4  # vLLM's hybrid allocator used ~4x the attention-only figure on Spark (DOMAIN.md)
-SPEC_ACCEPTANCE = 0.8
+# Seed 004: MTP draft acceptance on a Spark was 46-65 % before, 78-89 % once these three flags were all set.
+TUNED_FLAGS = {"moe-backend": "marlin", "kv-cache-dtype": "fp8", "attention-backend": "FLASHINFER"}
+TUNED_ACCEPTANCE = (0.78, 0.89)
+UNTUNED_ACCEPTANCE = (0.46, 0.65)
+# Seed 004: one request decoded at ~60 tokens/s before the fix and ~45 after it, the fix paying off under
+# concurrency instead. It gives no concurrent figure: the slowdown per extra running sequence is the lab's own.
+UNTUNED_SINGLE_PACE = 45 / 60
+UNTUNED_PACE_PER_SEQUENCE = 0.6
+PREFILL_SHARE = 0.05  # a prompt token's share of a decode token's time (prefill runs the prompt in one batch)
 REPLY_WORDS = (
     "The",
     "vLLM",
@@ -643,6 +658,27 @@ def check_kv_fits(sizing: Sizing) -> None:
 # --------------------------------------------------------------------------------------- serving state
 
 
+def tuned(args: ServeArgs) -> bool:
+    """Whether seed 004's three kernel flags are all set (vLLM normalises the backends' case)."""
+    given = {
+        "moe-backend": str(args.get("moe-backend", "")).lower(),
+        "kv-cache-dtype": str(args.get("kv-cache-dtype", "")).split("_", 1)[0],
+        "attention-backend": str(args.get("attention-backend", "")).upper(),
+    }
+    return given == TUNED_FLAGS
+
+
+def decode_pace(is_tuned: bool, running: int) -> float:
+    """A generated token's time, in units of VLLM_STANDIN_TOKEN_SECONDS, with `running` sequences decoding.
+
+    With the kernel flags the pace holds under concurrency; without them one sequence is faster (seed 004:
+    ~60 against ~45 tokens/s) and each further sequence slows every one down.
+    """
+    if is_tuned:
+        return 1.0
+    return UNTUNED_SINGLE_PACE * (1 + UNTUNED_PACE_PER_SEQUENCE * max(0, running - 1))
+
+
 class Histogram:
     """A Prometheus histogram with vLLM's latency buckets."""
 
@@ -681,7 +717,7 @@ class Metrics:
     generation_tokens: int = 0
     drafts: int = 0
     draft_tokens: int = 0
-    accepted_tokens: int = 0
+    accepted_tokens: float = 0.0  # exact, so the rounded counter stays true to the acceptance over many requests
     ttft: Histogram = field(default_factory=Histogram)
     e2e: Histogram = field(default_factory=Histogram)
 
@@ -703,6 +739,8 @@ class Engine:
     lock: threading.Lock = field(default_factory=threading.Lock)
     metrics: Metrics = field(default_factory=Metrics)
     queue_seconds: float = 0.0  # busy mode: time a request waits behind other clients' prefills
+    tuned: bool = True  # seed 004's three kernel flags are all set
+    draws: random.Random = field(default_factory=random.Random)
 
     @contextmanager
     def admitted(self, tokens: int) -> Iterator[None]:
@@ -726,6 +764,13 @@ class Engine:
                 self.metrics.kv_tokens_in_use -= tokens
             self.slots.release()
 
+    def token_delay(self) -> float:
+        """Seconds per generated token now, at the number of sequences running."""
+        return self.token_seconds * decode_pace(self.tuned, self.metrics.running)
+
+    def prefill_delay(self, prompt: int) -> float:
+        return self.token_seconds * PREFILL_SHARE * prompt
+
     def record(self, prompt: int, generated: int, ttft: float, e2e: float) -> None:
         with self.lock:
             m = self.metrics
@@ -734,10 +779,11 @@ class Engine:
             m.ttft.observe(ttft)
             m.e2e.observe(e2e)
             if self.spec_tokens:
-                steps = max(1, math.ceil(generated / (1 + SPEC_ACCEPTANCE * self.spec_tokens)))
+                acceptance = self.draws.uniform(*(TUNED_ACCEPTANCE if self.tuned else UNTUNED_ACCEPTANCE))
+                steps = max(1, math.ceil(generated / (1 + acceptance * self.spec_tokens)))
                 m.drafts += steps
                 m.draft_tokens += steps * self.spec_tokens
-                m.accepted_tokens += round(steps * self.spec_tokens * SPEC_ACCEPTANCE)
+                m.accepted_tokens += steps * self.spec_tokens * acceptance
 
 
 METRIC_HELP = {
@@ -769,7 +815,7 @@ def render_metrics(engine: Engine) -> str:
         if engine.spec_tokens:
             values["vllm:spec_decode_num_drafts_total"] = m.drafts
             values["vllm:spec_decode_num_draft_tokens_total"] = m.draft_tokens
-            values["vllm:spec_decode_num_accepted_tokens_total"] = m.accepted_tokens
+            values["vllm:spec_decode_num_accepted_tokens_total"] = round(m.accepted_tokens)
         lines: list[str] = []
         for name, value in values.items():
             kind = "counter" if name.endswith("_total") else "gauge"
@@ -821,7 +867,8 @@ def completion_prompt_tokens(body: dict[str, Any]) -> int:
 
 
 def planned_tokens(body: dict[str, Any], prompt: int, max_model_len: int) -> int:
-    """How many tokens to generate: the reply's natural length, capped by max_tokens and the context."""
+    """How many tokens to generate: the reply's natural length, capped by max_tokens and the context;
+    all of max_tokens with `ignore_eos` (vLLM's sampling parameter, which `vllm bench` sets)."""
     limit = body.get("max_completion_tokens", body.get("max_tokens"))
     if limit is not None and (not isinstance(limit, int) or limit < 1):
         raise ApiError(400, f"max_tokens must be at least 1, got {limit}.", param="max_tokens")
@@ -833,7 +880,7 @@ def planned_tokens(body: dict[str, Any], prompt: int, max_model_len: int) -> int
             f"{prompt + wanted} tokens ({prompt} in the messages, {wanted} in the completion). Please "
             "reduce the length of the messages or completion.",
         )
-    return min(wanted, len(REPLY_WORDS))
+    return wanted if body.get("ignore_eos") and limit is not None else min(wanted, len(REPLY_WORDS))
 
 
 def _sample_value(name: str, schema: dict[str, Any]) -> Any:
@@ -975,26 +1022,30 @@ class Handler(BaseHTTPRequestHandler):
         prompt = chat_prompt_tokens(body) if chat else completion_prompt_tokens(body)
         function = pick_tool(body, engine.auto_tools) if chat else None
         n = planned_tokens(body, prompt, engine.sizing.max_model_len)
+        stops = n == len(REPLY_WORDS) and not body.get("ignore_eos")
         reply = Reply(
             name=name,
             chat=chat,
             prompt=prompt,
             tokens=n,
             call=tool_call(function) if function else None,
-            finish="tool_calls" if function else ("length" if n < len(REPLY_WORDS) else "stop"),
+            finish="tool_calls" if function else ("stop" if stops else "length"),
         )
         start = time.monotonic()
         with engine.admitted(prompt + n):
+            time.sleep(engine.prefill_delay(prompt))
             if body.get("stream"):
-                ttft = self._stream(reply, body, engine.token_seconds, start)
+                ttft = self._stream(reply, body, engine, start)
             else:
-                time.sleep(engine.token_seconds * n)
-                ttft = time.monotonic() - start - engine.token_seconds * (n - 1)
+                delay = engine.token_delay()
+                time.sleep(delay * n)
+                ttft = time.monotonic() - start - delay * (n - 1)
                 self._json(200, reply.full())
         engine.record(prompt, n, ttft, time.monotonic() - start)
 
-    def _stream(self, reply: Reply, body: dict[str, Any], token_seconds: float, start: float) -> float:
-        """Server-sent events as vLLM streams them; returns the time to first token."""
+    def _stream(self, reply: Reply, body: dict[str, Any], engine: Engine, start: float) -> float:
+        """Server-sent events as vLLM streams them, each token at the engine's pace; returns the time to first
+        token."""
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream; charset=utf-8")
         self.send_header("Connection", "close")
@@ -1002,7 +1053,7 @@ class Handler(BaseHTTPRequestHandler):
         self.close_connection = True
         ttft = None
         for tokens, chunk in reply.chunks():
-            time.sleep(token_seconds * tokens)
+            time.sleep(engine.token_delay() * tokens)
             if tokens and ttft is None:
                 ttft = time.monotonic() - start
             self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
@@ -1052,7 +1103,8 @@ class Reply:
 
     @property
     def words(self) -> tuple[str, ...]:
-        return () if self.call else REPLY_WORDS[: self.tokens]
+        """The sentence, cut at the token count or said again until it is reached."""
+        return () if self.call else tuple(REPLY_WORDS[k % len(REPLY_WORDS)] for k in range(self.tokens))
 
     def _envelope(self, kind: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         prefix = "chatcmpl" if self.chat else "cmpl"
@@ -1289,6 +1341,7 @@ def build_engine(args: ServeArgs, sizing: Sizing, mode: str) -> Engine:
         access_log=not args.get("disable-uvicorn-access-log"),
         slots=threading.Semaphore(int(args.get("max-num-seqs", 256))),
         queue_seconds=float(os.environ.get("VLLM_STANDIN_BUSY_SECONDS", "90")) if mode == "busy" else 0.0,
+        tuned=tuned(args),
     )
 
 
