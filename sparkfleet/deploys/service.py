@@ -66,7 +66,7 @@ def install_service(spark: Endpoint) -> None:
         return
     # Every start counts toward the unit's start limit, which is there to stop crash loops: a deliberate
     # (re)start by the deploy resets the counter first, so a few config changes in an hour never hit it, and a
-    # unit that gave up (`start-limit-hit`) starts again on the re-run after a fix.
+    # unit that gave up after its start limit starts again on the re-run after a fix.
     stopped = host.get_fact(UnitActiveState, unit=f"{UNIT}.service") != "active"
     # Weights staged by an earlier run (rollout's stage phase) count too: the endpoint still runs the old ones.
     loaded = host.get_fact(WeightsLoaded, manifest=f"{spark.weights_dir}/{MANIFEST}", loaded=LOADED_WEIGHTS)
