@@ -3,38 +3,14 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 from pyinfra.api.exceptions import FactProcessError
 
 # Reads daemon.json and resolves every runtime path the way dockerd does (PATH lookup, then symlinks), so
 # `nvidia-container-runtime` and `/usr/bin/nvidia-container-runtime` compare as the one binary they are.
-_DAEMON_JSON_SCRIPT = """
-import json, os, shutil, sys
-path, wanted = sys.argv[1], sys.argv[2]
-search = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-def resolve(program):
-    found = program if "/" in program else shutil.which(program, path=search)
-    return os.path.realpath(found) if found else program
-result = {"config": None, "error": None, "resolved": {wanted: resolve(wanted)}}
-try:
-    text = open(path).read()
-except FileNotFoundError:
-    text = ""
-if text.strip():
-    try:
-        result["config"] = json.loads(text)
-    except ValueError as error:
-        result["error"] = str(error)
-config = result["config"]
-if config is not None and not isinstance(config, dict):
-    result["config"], result["error"] = None, "the top level is not a JSON object"
-runtimes = (config or {}).get("runtimes") if isinstance(config, dict) else None
-for entry in (runtimes.values() if isinstance(runtimes, dict) else ()):
-    if isinstance(entry, dict) and isinstance(entry.get("path"), str):
-        result["resolved"][entry["path"]] = resolve(entry["path"])
-print(json.dumps(result))
-"""
+DAEMON_JSON_SCRIPT = Path(__file__).parent / "remote" / "daemon_json.py"
 
 
 class DaemonJson(FactBase):
@@ -42,7 +18,7 @@ class DaemonJson(FactBase):
     "resolved": {runtime path: the binary it runs}}, for every runtime's path and for `runtime`."""
 
     def command(self, path: str, runtime: str) -> StringCommand:
-        return StringCommand("python3", "-c", QuoteString(_DAEMON_JSON_SCRIPT), QuoteString(path),
+        return StringCommand("python3", "-c", QuoteString(DAEMON_JSON_SCRIPT.read_text()), QuoteString(path),
                              QuoteString(runtime))
 
     def process(self, output: list[str]) -> dict:
