@@ -140,7 +140,8 @@ class SparkConfig(BaseModel):
         examples=["C95B321B61E88C1809C4F759DDCAE044F796ECB0"])
     nvidia_toolkit_version: str = Field(
         "1.19.0-1", pattern=r"^[0-9][0-9A-Za-z.+~-]*$", description="Debian version all four toolkit packages "
-        "are pinned to (1.19.1 with CDI froze GB10s: toolkit #1910).", examples=["1.19.1-1"])
+        "are pinned to and held at (a GB10 freeze was reported with 1.19.1 and CDI, cause not isolated: toolkit "
+        "#1910).", examples=["1.19.1-1"])
     nvidia_cdi: bool | None = Field(
         None, description="CDI in dockerd (`features.cdi`): null leaves the host's setting alone; false turns it "
         "off for real (`features.cdi: false` and the runtime's legacy mode); true turns it on. A change restarts "
