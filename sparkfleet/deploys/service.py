@@ -75,7 +75,8 @@ def install_service(spark: Endpoint) -> None:
     if stopped or restart or will_change(*earlier):
         server.shell(
             name=f"Reset {UNIT}'s start counter before a deliberate (re)start (only crashes count toward its limit)",
-            commands=[f"systemctl reset-failed {UNIT}.service"],
+            # An unloaded unit (never started, or collected while stopped) has no counter: nothing to reset.
+            commands=[f"systemctl reset-failed {UNIT}.service 2>/dev/null || true"],
             _if=lambda: stopped or loaded == "differs" or any(op.did_change() for op in (*earlier, *triggers)),
         )
     start = systemd.service(name=f"Enable and start {UNIT}", service=f"{UNIT}.service", running=True, enabled=True)
