@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
-from pyinfra import logger, state
+from pyinfra import host, logger, state
 from pyinfra.api import Host
 from pyinfra.api.operation import OperationMeta
 
@@ -15,6 +18,7 @@ TEMPLATES = Path(__file__).resolve().parents[2] / "templates"
 REMOTE = Path(__file__).resolve().parents[1] / "remote"  # stdlib scripts that run on the Sparks
 LIB = "/usr/local/lib/sparkfleet"  # where they are installed there
 
+T = TypeVar("T")
 _fleets: dict[int, dict[str, Endpoint]] = {}
 # Operations whose change means the endpoint must restart, per host (weights, image, unit, env file).
 restart_triggers: dict[str, list[OperationMeta]] = {}
@@ -41,6 +45,21 @@ def will_change(*ops: OperationMeta) -> bool:
 def changed(*ops: OperationMeta):  # noqa: ANN201
     """An `_if=` callable: true at execute time when any of `ops` changed the host."""
     return lambda: any(op.did_change() for op in ops)
+
+
+def once_per_host(read: Callable[..., T]) -> Callable[..., T]:
+    """Memoise a prepare-time reading per host and run: facts read before any change, needed by two steps
+    (the preflight and the step that acts), cost one SSH round trip, not two."""
+    readings: dict[tuple[int, str], T] = {}
+
+    @functools.wraps(read)
+    def cached(*args: object) -> T:
+        key = (id(state), host.name)
+        if key not in readings:
+            readings[key] = read(*args)
+        return readings[key]
+
+    return cached
 
 
 def endpoint_for(host: Host) -> Endpoint:

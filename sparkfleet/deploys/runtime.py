@@ -11,13 +11,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pyinfra import host, state
+from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import server, systemd
 
 from sparkfleet.deploys.context import (
     activations,
     changed,
+    once_per_host,
     restart_triggers,
     staging_only,
     toolkit_installs,
@@ -45,28 +46,23 @@ class RuntimePlan:
     blocking: tuple[str, ...]  # running containers sparkfleet does not own, which a restart would stop
 
 
-_plans: dict[tuple[int, str], RuntimePlan] = {}
-
-
+@once_per_host
 def runtime_plan(spark: Endpoint) -> RuntimePlan:
-    """Read once per host and run (the preflight and step 2 both need it), from the state before any change."""
-    key = (id(state), host.name)
-    if key not in _plans:
-        config = spark.config
-        fact = host.get_fact(DaemonJson, path=DAEMON_JSON, runtime=RUNTIME)
-        reasons: list[str] = []
-        if fact and not fact["error"]:  # unreadable or broken: the preflight and step 2 say so
-            current = fact["config"] or {}
-            keys = restart_keys(current, wanted_daemon_json(current, fact["resolved"], config.nvidia_cdi,
-                                                            config.nvidia_default_runtime))
-            reasons += [f"{', '.join(keys)} in {DAEMON_JSON} cannot be reloaded"] if keys else []
-        if PACKAGES[0] not in installed_toolkit():
-            reasons.append(FRESH_TOOLKIT)
-        blocking: list[str] = []
-        if reasons and not config.nvidia_docker_restart:
-            blocking = [name for name in host.get_fact(RunningContainers) if name != CONTAINER]
-        _plans[key] = RuntimePlan(tuple(reasons), tuple(blocking))
-    return _plans[key]
+    """From the state before any change (the preflight and step 2 both need it)."""
+    config = spark.config
+    fact = host.get_fact(DaemonJson, path=DAEMON_JSON, runtime=RUNTIME)
+    reasons: list[str] = []
+    if fact and not fact["error"]:  # unreadable or broken: the preflight and step 2 say so
+        current = fact["config"] or {}
+        keys = restart_keys(current, wanted_daemon_json(current, fact["resolved"], config.nvidia_cdi,
+                                                        config.nvidia_default_runtime))
+        reasons += [f"{', '.join(keys)} in {DAEMON_JSON} cannot be reloaded"] if keys else []
+    if PACKAGES[0] not in installed_toolkit():
+        reasons.append(FRESH_TOOLKIT)
+    blocking: list[str] = []
+    if reasons and not config.nvidia_docker_restart:
+        blocking = [name for name in host.get_fact(RunningContainers) if name != CONTAINER]
+    return RuntimePlan(tuple(reasons), tuple(blocking))
 
 
 def restart_problem(spark: Endpoint) -> str | None:

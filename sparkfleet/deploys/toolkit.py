@@ -10,11 +10,18 @@ from __future__ import annotations
 
 import io
 
-from pyinfra import host, logger, state
+from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.operations import apt, files, systemd
 
-from sparkfleet.deploys.context import activations, changed, staging_only, toolkit_installs, will_change
+from sparkfleet.deploys.context import (
+    activations,
+    changed,
+    once_per_host,
+    staging_only,
+    toolkit_installs,
+    will_change,
+)
 from sparkfleet.endpoint import UNIT, Endpoint
 from sparkfleet.facts import AptSourceFiles, AptVersions, InstalledVersions
 from sparkfleet.operations import apt_keyring
@@ -69,15 +76,10 @@ def install_toolkit(spark: Endpoint) -> None:
               dest=PIN, mode="644")
 
 
-_installed: dict[tuple[int, str], dict[str, str]] = {}
-
-
+@once_per_host
 def installed_toolkit() -> dict[str, str]:
-    """The toolkit packages installed before this run (read once per host: the preflight needs it too)."""
-    key = (id(state), host.name)
-    if key not in _installed:
-        _installed[key] = host.get_fact(InstalledVersions, packages=PACKAGES)
-    return _installed[key]
+    """The toolkit packages installed before this run (the preflight needs them too)."""
+    return host.get_fact(InstalledVersions, packages=PACKAGES)
 
 
 def _change_version(spark: Endpoint, version: str, installed: dict[str, str]) -> None:
