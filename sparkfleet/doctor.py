@@ -8,6 +8,7 @@ connection; the others are reached over SSH and read once (SparkFacts).
 from __future__ import annotations
 
 import fnmatch
+import json
 import os
 import re
 import sys
@@ -28,7 +29,15 @@ from sparkfleet.config import InventoryError
 from sparkfleet.endpoint import Endpoint
 from sparkfleet.fleet import load_endpoint
 from sparkfleet.memory import SPARK_MEMORY_BYTES, budget, explain
-from sparkfleet.preflight import HOST_CHECKS, Facts, SparkFacts, checkpoint_size, host_findings, host_summary
+from sparkfleet.preflight import (
+    HOST_CHECKS,
+    Facts,
+    SparkFacts,
+    checkpoint_size,
+    host_findings,
+    host_summary,
+    preflight_query,
+)
 
 Status = Literal["ok", "warning", "error"]
 NOMINAL_MEMORY_RULES = ("capacity.memory", "capacity.memory-tight")  # superseded by host.memory once read
@@ -184,8 +193,7 @@ def read_host(state: State, host: Host, endpoint: Endpoint) -> Facts | str:
     """SparkFacts of one host, or why it could not be read (the message of `host.unreachable`)."""
     try:
         host.connect(show_errors=False, raise_exceptions=True)
-        facts = get_fact(state, host, SparkFacts, kwargs={"weights_dir": endpoint.weights_dir,
-                                                           "port": endpoint.config.vllm_port},
+        facts = get_fact(state, host, SparkFacts, kwargs={"query": json.dumps(preflight_query(endpoint))},
                          apply_failed_hosts=False)
     except (ConnectError, PyinfraError, OSError) as error:
         return f"cannot connect over SSH ({error or type(error).__name__}): check ssh_hostname, ssh_user, keys"

@@ -1,16 +1,160 @@
-"""sparkfleet's own pyinfra operations: each reads a fact, compares, and acts only on difference."""
+"""sparkfleet's own pyinfra operations: each compares the host's state with what is wanted and acts only on a
+difference. They read the host through host_state.current(): one round trip for the whole deploy, not one per
+operation, which is what keeps a converged deploy close to a bare SSH round trip.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
+import posixpath
 import shlex
+from collections.abc import Generator
+from pathlib import Path
 
 from pyinfra import host
-from pyinfra.api import RsyncCommand, operation
-from pyinfra.operations import files
+from pyinfra.api import FileUploadCommand, RsyncCommand, StringCommand, operation
 
-from sparkfleet.facts import DaemonJson, DockerImageId, KeyringFingerprints, RuntimeMode, WeightsCheck
+from sparkfleet.host_state import HostState, current
+
+
+def _read() -> Generator[StringCommand, None, HostState | None]:
+    """The host's state; when the host-side script gave no answer (pyinfra printed why and failed the host),
+    a command that fails this operation instead of guessing: `if (found := (yield from _read())) is None: return`."""
+    found = current()
+    if found is None or found.problem:
+        why = found.problem if found else "the host state could not be read (see the error above)"
+        yield _fail(f"{why}; nothing was changed")
+        return None
+    return found
+
+
+def _fail(why: str) -> StringCommand:
+    return StringCommand(f"echo {shlex.quote(why)} >&2; exit 1")
+
+
+@operation()
+def managed_file(src: str | io.StringIO, dest: str, mode: str, user: str = "", group: str = "",
+                 private: bool = False):
+    """
+    Put a file on the host when its content, mode or owner differ (pyinfra's files.put, read from host_state).
+
+    + src: a local file path or a StringIO
+    + dest: remote path; its directory is created when the file is new
+    + mode, user, group: what the file must have ("" leaves owner and group as they are)
+    + private: the file holds secrets: it is created empty with its mode and owner first, and corrected before
+      new content is copied in (a copy keeps the target's mode), so it is never readable by others
+    """
+    if (found := (yield from _read())) is None:
+        return
+    # getvalue, not read: pyinfra runs an operation's body twice (to plan, then to execute)
+    data = src.getvalue() if isinstance(src, io.StringIO) else Path(src).read_text()
+    yield from _put(found, data, dest, mode, user, group, private)
+
+
+def _put(found: HostState, data: str, dest: str, mode: str, user: str = "", group: str = "",
+         private: bool = False) -> Generator[StringCommand | FileUploadCommand, None, None]:
+    """The commands that make `dest` hold `data` with its mode and owner (none when it already does)."""
+    remote = found.file(dest)
+    if remote is not None and remote["type"] != "file":
+        yield _fail(f"{dest} is a {remote['type']} on the host, where sparkfleet puts a file: move it away")
+        return
+    same = remote is not None and remote["sha1"] == hashlib.sha1(data.encode()).hexdigest()
+    attributes = _attributes(dest, remote, mode, user, group)
+    if same and not attributes:
+        host.noop(f"{dest} is up to date")
+        return
+    if remote is None:
+        yield StringCommand("mkdir", "-p", posixpath.dirname(dest))
+        if private:
+            yield StringCommand("install", "-m", mode, *(["-o", user] if user else []),
+                                *(["-g", group] if group else []), "/dev/null", dest)
+    elif private:
+        yield from attributes  # before the copy, which keeps the target's mode
+    if not same:
+        temp_dir = (host.current_op_global_arguments or {}).get("_temp_dir")
+        yield FileUploadCommand(io.StringIO(data), dest,
+                                remote_temp_filename=host.get_temp_filename(dest, temp_directory=temp_dir))
+        yield from _attributes(dest, None, mode, user, group)  # an upload may have replaced the file
+    elif not private:
+        yield from attributes
+
+
+def _attributes(path: str, remote: dict | None, mode: str, user: str, group: str) -> list[StringCommand]:
+    """chown/chmod commands for what differs (everything when `remote` is None)."""
+    commands = []
+    differs = {key: wanted and (remote is None or remote[key] != wanted) for key, wanted in (("user", user),
+                                                                                          ("group", group))}
+    if any(differs.values()):
+        commands.append(StringCommand("chown", f"{user}{':' + group if group else ''}", path))
+    if remote is None or remote["mode"] != mode:
+        commands.append(StringCommand("chmod", mode, path))
+    return commands
+
+
+@operation()
+def managed_directory(path: str, mode: str, user: str = ""):
+    """
+    A directory with a mode (and owner), created when missing.
+
+    + path: remote directory
+    + mode, user: what it must have ("" leaves the owner as it is)
+    """
+    if (found := (yield from _read())) is None:
+        return
+    remote = found.file(path)
+    if remote is not None and remote["type"] != "directory":
+        yield _fail(f"{path} is a {remote['type']} on the host, where sparkfleet needs a directory: move it away")
+        return
+    if remote is None:
+        yield StringCommand("mkdir", "-p", path)
+    commands = _attributes(path, remote, mode, user, "")
+    if remote is not None and not commands:
+        host.noop(f"directory {path} is in place")
+        return
+    yield from commands
+
+
+@operation()
+def unit_state(unit: str, running: bool, enabled: bool):
+    """
+    A systemd unit started or stopped, enabled or disabled (pyinfra's systemd.service, read from host_state).
+
+    + unit: full unit name (`x.service`, `x.timer`)
+    + running, enabled: what it must be
+    """
+    if (found := (yield from _read())) is None:
+        return
+    current_unit = found.unit(unit)
+    active = current_unit["active"] in ("active", "activating", "reloading")
+    is_enabled = current_unit["enabled"] in ("enabled", "enabled-runtime", "static", "alias")
+    commands = []
+    if running != active:
+        commands.append(StringCommand("systemctl", "start" if running else "stop", unit))
+    if enabled != is_enabled:
+        commands.append(StringCommand("systemctl", "enable" if enabled else "disable", unit))
+    if not commands:
+        host.noop(f"{unit} is {'running' if running else 'stopped'} and {'enabled' if enabled else 'disabled'}")
+        return
+    yield from commands
+
+
+@operation()
+def apt_source(path: str, line: str):
+    """
+    An apt source line in a one-line source file (pyinfra's apt.repo: the line added when the file lacks it).
+
+    + path: /etc/apt/sources.list.d/<name>.list
+    + line: `deb [signed-by=...] URL SUITE`
+    """
+    if (found := (yield from _read())) is None:
+        return
+    lines = found["apt_sources"].get(path, [])
+    if " ".join(line.split()) in (" ".join(existing.split()) for existing in lines):
+        host.noop(f"{path} names the repository")
+        return
+    yield StringCommand(f"printf '%s\\n' {shlex.quote(line)} >> {shlex.quote(path)}")
 
 
 @operation()
@@ -22,7 +166,9 @@ def apt_keyring(src: str, fingerprint: str, dest: str):
     + fingerprint: primary key fingerprint the download must have (40 hex digits)
     + dest: keyring path that `signed-by=` names
     """
-    if fingerprint in host.get_fact(KeyringFingerprints, path=dest):
+    if (found := (yield from _read())) is None:
+        return
+    if fingerprint in found["keyring"]:
         host.noop(f"keyring {dest} holds {fingerprint}")
         return
     yield keyring_command(src, fingerprint, dest)
@@ -101,7 +247,9 @@ def docker_runtime(path: str, cdi: bool | None, default_runtime: bool | None):
     + path: daemon.json
     + cdi, default_runtime: True/False to enforce, None to leave as the host has it
     """
-    fact = host.get_fact(DaemonJson, path=path, runtime=RUNTIME) or {"error": "python3 could not read it"}
+    if (found := (yield from _read())) is None:
+        return
+    fact = found["daemon_json"]
     if fact["error"]:
         why = f"{path} cannot be used ({fact['error']}); dockerd would not start with it either: fix it by hand"
         yield f"echo {shlex.quote(why)} >&2; exit 1"
@@ -111,7 +259,7 @@ def docker_runtime(path: str, cdi: bool | None, default_runtime: bool | None):
     if wanted == current:
         host.noop(f"{path} registers the nvidia runtime as configured")
         return
-    yield from files.put._inner(src=io.StringIO(json.dumps(wanted, indent=4) + "\n"), dest=path, mode="644")
+    yield from _put(found, json.dumps(wanted, indent=4) + "\n", path, "644")
 
 
 @operation()
@@ -122,7 +270,9 @@ def runtime_mode(path: str, mode: str):
     + path: the runtime's config.toml
     + mode: `legacy` turns CDI off in the runtime (its default since 1.18 is jit-cdi)
     """
-    if host.get_fact(RuntimeMode, path=path) == mode:
+    if (found := (yield from _read())) is None:
+        return
+    if found["runtime_mode"] == mode:
         host.noop(f"the NVIDIA runtime runs in {mode} mode")
         return
     yield shlex.join(["nvidia-ctk", "config", "--config-file", path, "--in-place", "--set",
@@ -136,38 +286,40 @@ def image_pulled(image: str):
 
     + image: reference by tag or digest; pinned references make "present" mean "current"
     """
-    if host.get_fact(DockerImageId, ref=image):
+    if (found := (yield from _read())) is None:
+        return
+    if found["image_id"]:
         host.noop(f"image {image} is present")
         return
     yield f"docker pull --quiet {shlex.quote(image)}"
 
 
 @operation()
-def weights_staged(script: str, dest: str, source: str, verify: str, sums_file: str = "", digest: str = ""):
+def weights_staged(script: str, dest: str, source: str, verify: str, sums_file: str = ""):
     """
     Stage model weights into `dest`: verified by sha256, resumable, and never fetched twice.
 
-    + script: the staging script on the Spark
+    + script: the staging script on the Spark (its `check` verdict comes with the host state)
     + source: http(s) mirror base URL (with SHA256SUMS) or a directory on the controller
     + verify: `fast` (sizes and mtimes) or `full` (re-hash every file)
-    + sums_file, digest: for a controller directory: the uploaded SHA256SUMS and its sha256
+    + sums_file: for a controller directory: the uploaded SHA256SUMS
     """
-    full = ["--full"] if verify == "full" else []
-    remote = source.startswith(("http://", "https://"))
-    wanted = ["--sums-url", source.rstrip("/") + "/SHA256SUMS"] if remote else ["--digest", digest]
-    check_args = shlex.join(["--dest", dest, *wanted, *full])
-    result = host.get_fact(WeightsCheck, script=script, args=check_args)
-    if result is None:
-        # pyinfra printed why (WeightsCheck raises FactProcessError) and failed this host; should it still run
-        # (`_ignore_errors`), stop before staging anything rather than guess at the weights' state.
-        why = f"the weights check in {dest} gave no verdict (see the error above); nothing was staged"
-        yield f"echo {shlex.quote(why)} >&2; exit 1"
+    if (found := (yield from _read())) is None:
+        return
+    result = found["weights"]
+    if result.get("state") not in ("ok", "stale", "absent"):
+        why = (f"the weights check in {dest} gave no verdict ({result.get('error') or result}): run `python3 {script} "
+               "check --help` on the host to see why (a broken python3, or a script from another sparkfleet "
+               "version: delete it and re-run the deploy); nothing was staged")
+        yield _fail(why)
         return
     if result["state"] == "ok":
         host.noop(f"weights in {dest} match the manifest ({result['files']} files)")
         return
-    if remote:
-        yield shlex.join(["python3", script, "stage", "--dest", dest, *wanted[:2], *full])
+    full = ["--full"] if verify == "full" else []
+    if source.startswith(("http://", "https://")):
+        yield shlex.join(["python3", script, "stage", "--dest", dest, "--sums-url",
+                          source.rstrip("/") + "/SHA256SUMS", *full])
         return
     staging = f"{dest}/.staging"
     yield f"mkdir -p {shlex.quote(staging)}"

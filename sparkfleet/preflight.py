@@ -52,12 +52,11 @@ Facts = dict[str, Any]
 
 
 class SparkFacts(FactBase):
-    """Everything the preflight reads from a host, as one JSON object (see sparkfleet/remote/host_facts.py)."""
+    """Everything sparkfleet reads from a host, as one JSON object (see sparkfleet/remote/host_facts.py): the
+    preflight's probes, and under "state" what the deploy's operations compare against (host_state.py)."""
 
-    def command(self, weights_dir: str, port: int) -> StringCommand:
-        source = HOST_FACTS_SCRIPT.read_text()
-        return StringCommand("python3", "-c", QuoteString(source), QuoteString(weights_dir), str(port),
-                             f"{UNIT}.service", CONTAINER)
+    def command(self, query: str) -> StringCommand:
+        return StringCommand("python3", "-c", QuoteString(HOST_FACTS_SCRIPT.read_text()), QuoteString(query))
 
     def process(self, output: list[str]) -> Facts:
         facts = json_object(output, "the host preflight (sparkfleet/remote/host_facts.py)",
@@ -66,6 +65,12 @@ class SparkFacts(FactBase):
         texts = facts.pop("dropin_texts", {})
         facts["dropins"] = dockerd_flags(texts if isinstance(texts, dict) else {})
         return facts
+
+
+def preflight_query(endpoint: Endpoint) -> dict[str, Any]:
+    """What the preflight's probes need to know about the endpoint (SparkFacts' query, without "state")."""
+    return {"weights_dir": endpoint.weights_dir, "port": endpoint.config.vllm_port, "unit": f"{UNIT}.service",
+            "container": CONTAINER, "daemon_json": DAEMON_JSON}
 
 
 def _exec_starts(text: str) -> Iterator[str]:
@@ -134,6 +139,8 @@ def _version(text: str) -> tuple[int, int] | None:
 
 def _probe_errors(facts: Facts) -> Iterator[Finding]:
     for probe, error in facts.get("probe_errors", {}).items():
+        if probe.startswith("state."):
+            continue  # what the deploy's operations read: the preflight refuses the host (host_state.problem)
         yield Finding("host.facts", "warning", "host", f"could not read {probe} on the host ({error}); "
                       "the checks that need it were skipped")
 

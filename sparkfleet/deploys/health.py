@@ -7,10 +7,12 @@ import json
 
 from pyinfra import host
 from pyinfra.api import deploy
-from pyinfra.operations import files, server, systemd
+from pyinfra.api.util import get_template
+from pyinfra.operations import server, systemd
 
 from sparkfleet.deploys.context import LIB, REMOTE, TEMPLATES, activations, changed, staging_only, will_change
 from sparkfleet.endpoint import CONTAINER, ENV_FILE, ETC, UNIT, Endpoint
+from sparkfleet.operations import managed_file, unit_state
 
 CHECKER = f"{LIB}/healthcheck.py"
 STATUS = f"{LIB}/status.py"  # read-only reporter that `sparkfleet status` and `drift` run
@@ -37,27 +39,25 @@ def health_config(spark: Endpoint) -> dict[str, object]:
 def install_healthcheck(spark: Endpoint) -> None:
     if staging_only(host):
         return
-    files.put(name="Install the health checker", src=str(REMOTE / "healthcheck.py"), dest=CHECKER, mode="755",
-              create_remote_dir=True)
-    files.put(name="Install the status reporter that `sparkfleet status` and `sparkfleet drift` run",
-              src=str(REMOTE / "status.py"), dest=STATUS, mode="755")
-    files.put(name="Write the health checker's configuration",
-              src=io.StringIO(json.dumps(health_config(spark), indent=2) + "\n"), dest=CONFIG, mode="644")
+    managed_file(name="Install the health checker", src=str(REMOTE / "healthcheck.py"), dest=CHECKER, mode="755")
+    managed_file(name="Install the status reporter that `sparkfleet status` and `sparkfleet drift` run",
+                 src=str(REMOTE / "status.py"), dest=STATUS, mode="755")
+    managed_file(name="Write the health checker's configuration",
+                 src=io.StringIO(json.dumps(health_config(spark), indent=2) + "\n"), dest=CONFIG, mode="644")
+    values = {"interval": spark.config.health_interval_seconds, "checker": CHECKER, "config": CONFIG,
+              "env_file": ENV_FILE}
     units = [
-        files.template(
-            name=f"Render the {HEALTH}.{kind} unit", src=str(TEMPLATES / "health" / f"{HEALTH}.{kind}.j2"),
-            dest=f"/etc/systemd/system/{HEALTH}.{kind}", mode="644",
-            interval=spark.config.health_interval_seconds, checker=CHECKER, config=CONFIG, env_file=ENV_FILE,
+        managed_file(
+            name=f"Render the {HEALTH}.{kind} unit", dest=f"/etc/systemd/system/{HEALTH}.{kind}", mode="644",
+            src=io.StringIO(get_template(str(TEMPLATES / "health" / f"{HEALTH}.{kind}.j2")).render(**values)),
         )
         for kind in ("service", "timer")
     ]
     if will_change(*units):
         systemd.daemon_reload(name="Reload systemd to read the changed health units", _if=changed(*units))
     enabled = spark.config.vllm_start
-    systemd.service(
-        name="Run the health timer where the endpoint runs (stopped when vllm_start is false)",
-        service=f"{HEALTH}.timer", running=enabled, enabled=enabled,
-    )
+    unit_state(name="Run the health timer where the endpoint runs (stopped when vllm_start is false)",
+               unit=f"{HEALTH}.timer", running=enabled, enabled=enabled)
     started = activations[spark.host]
     if enabled and will_change(*started):
         wait_healthy(spark, _if=changed(*started))

@@ -26,8 +26,8 @@ from sparkfleet.deploys.context import (
 )
 from sparkfleet.deploys.toolkit import PACKAGES, installed_toolkit
 from sparkfleet.endpoint import CONTAINER, Endpoint
-from sparkfleet.facts import DaemonJson, RunningContainers
-from sparkfleet.operations import RUNTIME, docker_runtime, restart_keys, runtime_mode, wanted_daemon_json
+from sparkfleet.host_state import current
+from sparkfleet.operations import docker_runtime, restart_keys, runtime_mode, wanted_daemon_json
 
 DAEMON_JSON = "/etc/docker/daemon.json"
 RUNTIME_CONFIG = "/etc/nvidia-container-runtime/config.toml"
@@ -50,18 +50,19 @@ class RuntimePlan:
 def runtime_plan(spark: Endpoint) -> RuntimePlan:
     """From the state before any change (the preflight and step 2 both need it)."""
     config = spark.config
-    fact = host.get_fact(DaemonJson, path=DAEMON_JSON, runtime=RUNTIME)
+    found = current()
+    fact = found.get("daemon_json", None) if found else None
     reasons: list[str] = []
     if fact and not fact["error"]:  # unreadable or broken: the preflight and step 2 say so
-        current = fact["config"] or {}
-        keys = restart_keys(current, wanted_daemon_json(current, fact["resolved"], config.nvidia_cdi,
+        written = fact["config"] or {}
+        keys = restart_keys(written, wanted_daemon_json(written, fact["resolved"], config.nvidia_cdi,
                                                         config.nvidia_default_runtime))
         reasons += [f"{', '.join(keys)} in {DAEMON_JSON} cannot be reloaded"] if keys else []
     if PACKAGES[0] not in installed_toolkit():
         reasons.append(FRESH_TOOLKIT)
     blocking: list[str] = []
     if reasons and not config.nvidia_docker_restart:
-        blocking = [name for name in host.get_fact(RunningContainers) if name != CONTAINER]
+        blocking = [name for name in (found.get("containers", []) if found else []) if name != CONTAINER]
     return RuntimePlan(tuple(reasons), tuple(blocking))
 
 

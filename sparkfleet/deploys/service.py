@@ -6,14 +6,14 @@ import io
 
 from pyinfra import host
 from pyinfra.api import deploy
-from pyinfra.facts.server import User
-from pyinfra.operations import files, server, systemd
+from pyinfra.api.util import get_template
+from pyinfra.operations import server, systemd
 
 from sparkfleet import secrets
 from sparkfleet.deploys.context import TEMPLATES, activations, restart_triggers, staging_only, will_change
-from sparkfleet.endpoint import ENV_FILE, ETC, LOADED_WEIGHTS, MANIFEST, UNIT, Endpoint
-from sparkfleet.facts import UnitActiveState, WeightsLoaded
-from sparkfleet.operations import image_pulled
+from sparkfleet.endpoint import ENV_FILE, ETC, UNIT, Endpoint
+from sparkfleet.host_state import current
+from sparkfleet.operations import image_pulled, managed_directory, managed_file, unit_state
 from sparkfleet.unit import UnitView
 
 # Under sudo, pyinfra uploads as the login user into a temp dir, then copies with sudo: a secret's temp dir
@@ -35,41 +35,40 @@ def env_file(spark: Endpoint) -> str:
 @deploy("Install the vLLM endpoint service")
 def install_service(spark: Endpoint) -> None:
     triggers = restart_triggers[spark.host]
-    files.directory(name="Create sparkfleet's configuration directory", path=ETC, mode="755")
-    login = host.get_fact(User, _sudo=False) or "root"
-    files.directory(name=f"Create a private upload directory for secrets, owned by {login} (the SSH user)",
-                    path=UPLOADS, user=login, mode="700")
+    found = current()
+    managed_directory(name="Create sparkfleet's configuration directory", path=ETC, mode="755")
+    login = (found.get("login_user", "") if found else "") or "root"
+    managed_directory(name=f"Create a private upload directory for secrets, owned by {login} (the SSH user)",
+                      path=UPLOADS, user=login, mode="700")
     triggers.append(image_pulled(name=f"Pull {spark.image} now, never on boot", image=spark.image))
     if staging_only(host):
         return  # rollout stages the image everywhere first; the unit changes batch by batch
-    # Created empty and root-only first: a copy into an existing file keeps its mode, so the secrets are
-    # never readable by others, not even between the copy and the chmod.
-    files.file(name="Create the root-only env file for the endpoint's secrets", path=ENV_FILE,
-               user="root", group="root", mode="600")
-    triggers.append(files.put(
+    # Created empty and root-only first, then filled: a copy into an existing file keeps its mode, so the
+    # secrets are never readable by others, not even between the copy and the chmod.
+    triggers.append(managed_file(
         name="Write the endpoint's secrets to a root-only env file",
-        src=io.StringIO(env_file(spark)), dest=ENV_FILE, user="root", group="root", mode="600",
+        src=io.StringIO(env_file(spark)), dest=ENV_FILE, user="root", group="root", mode="600", private=True,
         _temp_dir=UPLOADS,
     ))
-    unit = files.template(
+    unit = managed_file(
         name=f"Render the {UNIT} unit from the {spark.recipe.name} recipe",
-        src=str(TEMPLATES / "vllm" / f"{UNIT}.service.j2"), dest=f"/etc/systemd/system/{UNIT}.service",
-        mode="644", spark=UnitView.of(spark),
+        src=io.StringIO(get_template(str(TEMPLATES / "vllm" / f"{UNIT}.service.j2")).render(spark=UnitView.of(spark))),
+        dest=f"/etc/systemd/system/{UNIT}.service", mode="644",
     )
     triggers.append(unit)
     # daemon-reload can detach GPUs from running containers (toolkit #48): only when the unit changed.
     if will_change(unit):
         systemd.daemon_reload(name="Reload systemd to read the changed unit", _if=unit.did_change)
     if not spark.config.vllm_start:
-        systemd.service(name=f"Keep {UNIT} installed but stopped (vllm_start is false)",
-                        service=f"{UNIT}.service", running=False, enabled=False)
+        unit_state(name=f"Keep {UNIT} installed but stopped (vllm_start is false)",
+                   unit=f"{UNIT}.service", running=False, enabled=False)
         return
     # Every start counts toward the unit's start limit, which is there to stop crash loops: a deliberate
     # (re)start by the deploy resets the counter first, so a few config changes in an hour never hit it, and a
     # unit that gave up after its start limit starts again on the re-run after a fix.
-    stopped = host.get_fact(UnitActiveState, unit=f"{UNIT}.service") != "active"
+    stopped = (found.get("units", {}).get(f"{UNIT}.service", {}).get("active") if found else "") != "active"
     # Weights staged by an earlier run (rollout's stage phase) count too: the endpoint still runs the old ones.
-    loaded = host.get_fact(WeightsLoaded, manifest=f"{spark.weights_dir}/{MANIFEST}", loaded=LOADED_WEIGHTS)
+    loaded = found.get("weights_loaded", "unknown") if found else "unknown"
     earlier = list(activations[spark.host])  # a toolkit change or dockerd restart stopped it: it starts below
     restart = will_change(*triggers) or loaded == "differs"
     if stopped or restart or will_change(*earlier):
@@ -79,7 +78,7 @@ def install_service(spark: Endpoint) -> None:
             commands=[f"systemctl reset-failed {UNIT}.service 2>/dev/null || true"],
             _if=lambda: stopped or loaded == "differs" or any(op.did_change() for op in (*earlier, *triggers)),
         )
-    start = systemd.service(name=f"Enable and start {UNIT}", service=f"{UNIT}.service", running=True, enabled=True)
+    start = unit_state(name=f"Enable and start {UNIT}", unit=f"{UNIT}.service", running=True, enabled=True)
     activations[spark.host].append(start)
     if not will_change(start) and restart:
         activations[spark.host].append(systemd.service(

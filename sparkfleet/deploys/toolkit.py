@@ -12,7 +12,7 @@ import io
 
 from pyinfra import host, logger
 from pyinfra.api import deploy
-from pyinfra.operations import apt, files, systemd
+from pyinfra.operations import apt, systemd
 
 from sparkfleet.deploys.context import (
     activations,
@@ -23,8 +23,9 @@ from sparkfleet.deploys.context import (
     will_change,
 )
 from sparkfleet.endpoint import UNIT, Endpoint
-from sparkfleet.facts import AptSourceFiles, AptVersions, InstalledVersions
-from sparkfleet.operations import apt_keyring
+from sparkfleet.facts import AptVersions
+from sparkfleet.host_state import current
+from sparkfleet.operations import apt_keyring, apt_source, managed_file
 
 KEYRING = "/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg"  # where NVIDIA's install guide puts it
 SOURCE = "nvidia-container-toolkit"  # /etc/apt/sources.list.d/<this>.list, the guide's file name too
@@ -40,13 +41,18 @@ def pin_text(version: str) -> str:
             f"Package: {' '.join(PACKAGES)}\nPin: version {version}\nPin-Priority: 1001\n")
 
 
+def repo_url(spark: Endpoint) -> str:
+    """NVIDIA's repository without the per-architecture part, as any source file naming it has it."""
+    return spark.config.nvidia_repo_url.split("$(ARCH)")[0].rstrip("/")
+
+
 @deploy("Install the NVIDIA Container Toolkit")
 def install_toolkit(spark: Endpoint) -> None:
     config = spark.config
     version = config.nvidia_toolkit_version
     ours = f"/etc/apt/sources.list.d/{SOURCE}.list"
-    repo_url = config.nvidia_repo_url.split("$(ARCH)")[0].rstrip("/")
-    others = [path for path in host.get_fact(AptSourceFiles, url=repo_url) if path != ours]
+    found = current()
+    others = [path for path in (found.get("apt_sources", {}) if found else {}) if path != ours]
     if others:
         # A second source for one repository with another signed-by breaks `apt update` ("Conflicting values").
         logger.info(f"{host.name}: NVIDIA's repository is already an apt source in {', '.join(others)}; kept as is")
@@ -58,9 +64,9 @@ def install_toolkit(spark: Endpoint) -> None:
                 src=config.nvidia_key_url, fingerprint=config.nvidia_key_fingerprint, dest=KEYRING,
             ),
             # apt expands $(ARCH) itself, so one line serves arm64 Sparks and amd64 hosts alike.
-            apt.repo(
+            apt_source(
                 name="Add NVIDIA's container toolkit apt source, signed by that key",
-                src=f"deb [signed-by={KEYRING}] {config.nvidia_repo_url} /", filename=SOURCE,
+                path=ours, line=f"deb [signed-by={KEYRING}] {config.nvidia_repo_url} /",
             ),
         ]
     installed = installed_toolkit()
@@ -72,14 +78,15 @@ def install_toolkit(spark: Endpoint) -> None:
         return
     else:
         _change_version(spark, version, installed)
-    files.put(name=f"Hold the toolkit packages at {version} (apt preferences)", src=io.StringIO(pin_text(version)),
-              dest=PIN, mode="644")
+    managed_file(name=f"Hold the toolkit packages at {version} (apt preferences)", src=io.StringIO(pin_text(version)),
+                 dest=PIN, mode="644")
 
 
 @once_per_host
 def installed_toolkit() -> dict[str, str]:
     """The toolkit packages installed before this run (the preflight needs them too)."""
-    return host.get_fact(InstalledVersions, packages=PACKAGES)
+    found = current()
+    return found.get("installed", {}) if found else {}
 
 
 def _change_version(spark: Endpoint, version: str, installed: dict[str, str]) -> None:

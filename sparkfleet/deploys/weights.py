@@ -6,36 +6,41 @@ import io
 from pathlib import Path
 
 from pyinfra.api import deploy
-from pyinfra.operations import files
 
 from sparkfleet.deploys.context import LIB, REMOTE, restart_triggers
 from sparkfleet.endpoint import Endpoint
 from sparkfleet.manifest import controller_sums
-from sparkfleet.operations import weights_staged
+from sparkfleet.operations import managed_file, weights_staged
 
 SCRIPT = f"{LIB}/stage_weights.py"
 SUMS_DIR = "/var/lib/sparkfleet/weights"
 
 
+def sums_file(spark: Endpoint) -> str:
+    """Where a controller directory's SHA256SUMS goes on the host."""
+    return f"{SUMS_DIR}/{spark.model_slug}.SHA256SUMS"
+
+
+def check_args(spark: Endpoint) -> list[str]:
+    """`stage_weights.py check` arguments for the wanted weights (a controller directory's manifest digest is
+    computed here, cached by size and mtime); the deploy and `sparkfleet drift` ask the same question."""
+    source = spark.model_source
+    wanted = (["--sums-url", source.rstrip("/") + "/SHA256SUMS"] if source.startswith(("http://", "https://"))
+              else ["--digest", controller_sums(Path(source))[1]])
+    return ["--dest", spark.weights_dir, *wanted, *(["--full"] if spark.config.weights_verify == "full" else [])]
+
+
 @deploy("Stage the model weights")
 def stage_weights(spark: Endpoint) -> None:
-    files.put(
-        name="Install the weight staging script",
-        src=str(REMOTE / "stage_weights.py"), dest=SCRIPT, mode="755", create_remote_dir=True,
-    )
+    managed_file(name="Install the weight staging script", src=str(REMOTE / "stage_weights.py"), dest=SCRIPT,
+                 mode="755")
     source = spark.model_source
-    sums_file = digest = ""
     if source.startswith("/"):
-        # A controller directory: its SHA256SUMS is computed here once (cached by size and mtime).
-        text, digest = controller_sums(Path(source))
-        sums_file = f"{SUMS_DIR}/{spark.model_slug}.SHA256SUMS"
-        files.put(
-            name="Upload the weights manifest computed on the controller",
-            src=io.StringIO(text), dest=sums_file, mode="644", create_remote_dir=True,
-        )
+        managed_file(name="Upload the weights manifest computed on the controller",
+                     src=io.StringIO(controller_sums(Path(source))[0]), dest=sums_file(spark), mode="644")
     staged = weights_staged(
         name=f"Stage {spark.recipe.model.id} into {spark.weights_dir} and verify every file",
         script=SCRIPT, dest=spark.weights_dir, source=source, verify=spark.config.weights_verify,
-        sums_file=sums_file, digest=digest,
+        sums_file=sums_file(spark),
     )
     restart_triggers[spark.host].append(staged)

@@ -1,17 +1,22 @@
 #!/usr/bin/env python3
-"""Read-only facts about a Spark for sparkfleet's preflight, printed as one JSON object.
+"""Every read-only fact sparkfleet needs from a Spark, printed as one JSON object.
 
-The controller sends this file's text as `python3 -c SOURCE WEIGHTS_DIR PORT UNIT CONTAINER`: nothing is installed on
-the host, and the whole preflight is one SSH round trip. Stdlib only: it runs on DGX OS's bare python3. Each
-probe reports null (and its error under `probe_errors`) rather than failing: the controller decides what a
-missing value means.
+The controller sends this file's text as `python3 -c SOURCE QUERY_JSON`: nothing is installed on the host, and a
+converged host answers a whole deploy in one SSH round trip. The query names the preflight's inputs (weights
+directory, port, unit, container) and, under "state", what the deploy's operations compare against: files,
+units, daemon.json, packages, the image, the weights (facts.StateQuery builds it). Stdlib only: it runs on DGX
+OS's bare python3. Each probe reports null (and its error under `probe_errors`) rather than failing: the
+controller decides what a missing value means.
 """
 
 from __future__ import annotations
 
+import grp
+import hashlib
 import json
 import os
 import platform
+import pwd
 import re
 import shutil
 import stat
@@ -24,10 +29,10 @@ from typing import Any
 GPU_FIELDS = ("name", "driver_version", "power.limit", "temperature.gpu")
 # systemd reads docker.service drop-ins from these; a file in /etc hides one of the same name in /run.
 DROPIN_DIRS = ("/run/systemd/system/docker.service.d", "/etc/systemd/system/docker.service.d")
-DAEMON_JSON = "/etc/docker/daemon.json"
 TIMEOUT = 20  # seconds: a wedged driver can hang nvidia-smi for minutes
 _USERS = re.compile(r'users:\(\("([^"]+)",pid=(\d+)')
 TCP_LISTEN = "0A"
+DOCKERD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # dockerd's PATH under systemd
 
 
 def run(*argv: str) -> tuple[int | None, str, str] | None:
@@ -173,11 +178,10 @@ def dropins() -> dict[str, str]:
     return {str(files[name]): files[name].read_text() for name in sorted(files)}
 
 
-def daemon_json() -> dict[str, Any]:
+def daemon_json_keys(path: str) -> dict[str, Any]:
     """Top-level keys of daemon.json (empty when the file is missing), or why it cannot be read."""
-    path = Path(DAEMON_JSON)
     try:
-        data = json.loads(path.read_text() or "{}") if path.exists() else {}
+        data = json.loads(Path(path).read_text() or "{}") if Path(path).exists() else {}
     except json.JSONDecodeError as error:
         return {"daemon_json_keys": [], "daemon_json_error": f"{error.msg} at line {error.lineno}"}
     if not isinstance(data, dict):
@@ -185,14 +189,196 @@ def daemon_json() -> dict[str, Any]:
     return {"daemon_json_keys": sorted(data), "daemon_json_error": None}
 
 
-def gather(weights_dir: str, port: int, unit: str, container: str) -> dict[str, Any]:
+# --- what the deploy's operations compare against ---------------------------------------------------------
+
+
+def resolve(program: str) -> str:
+    """What dockerd would exec for a runtime path: a bare name through its PATH, then every symlink followed."""
+    found = program if "/" in program else shutil.which(program, path=DOCKERD_PATH)
+    return os.path.realpath(found) if found else program
+
+
+def daemon_json(path: str, runtime: str) -> dict[str, Any]:
+    """daemon.json as dockerd reads it: {"config": dict | None (missing), "error": why it is unusable | None,
+    "resolved": {runtime path: the binary it runs}} for every runtime's path and for `runtime`."""
+    result: dict[str, Any] = {"config": None, "error": None, "resolved": {runtime: resolve(runtime)}}
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        text = ""
+    if text.strip():
+        try:
+            result["config"] = json.loads(text)
+        except ValueError as error:
+            result["error"] = str(error)
+    config = result["config"]
+    if config is not None and not isinstance(config, dict):
+        result["config"], result["error"] = None, "the top level is not a JSON object"
+    runtimes = config.get("runtimes") if isinstance(config, dict) else None
+    for entry in runtimes.values() if isinstance(runtimes, dict) else ():
+        if isinstance(entry, dict) and isinstance(entry.get("path"), str):
+            result["resolved"][entry["path"]] = resolve(entry["path"])
+    return result
+
+
+def file_state(path: str) -> dict[str, Any] | None:
+    """A path as pyinfra's File/Directory facts see it, plus a file's sha1; None when nothing is there."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    kinds = {stat.S_IFREG: "file", stat.S_IFDIR: "directory", stat.S_IFLNK: "link"}
+    found: dict[str, Any] = {"type": kinds.get(stat.S_IFMT(info.st_mode), "other"),
+                             "mode": format(stat.S_IMODE(info.st_mode), "o"),
+                             "user": _name(pwd.getpwuid, info.st_uid), "group": _name(grp.getgrgid, info.st_gid)}
+    if found["type"] == "file":
+        digest = hashlib.sha1()
+        with open(path, "rb") as handle:
+            while chunk := handle.read(1 << 20):
+                digest.update(chunk)
+        found["sha1"] = digest.hexdigest()
+    return found
+
+
+def _name(lookup: Callable[[int], Any], number: int) -> str:
+    try:
+        return lookup(number)[0]
+    except KeyError:
+        return str(number)
+
+
+def unit_files(units: list[str]) -> dict[str, dict[str, str]]:
+    """ActiveState and UnitFileState of each unit, from one `systemctl show`."""
+    result = run("systemctl", "show", "-p", "Id,ActiveState,UnitFileState", *units)
+    found = {unit: {"active": "", "enabled": ""} for unit in units}
+    if result is None or result[0] != 0:
+        return found
+    for unit, block in zip(units, result[1].strip().split("\n\n"), strict=False):
+        fields = dict(line.partition("=")[::2] for line in block.splitlines())
+        found[unit] = {"active": fields.get("ActiveState", ""), "enabled": fields.get("UnitFileState", "")}
+    return found
+
+
+def keyring_fingerprints(path: str) -> list[str]:
+    """Primary-key fingerprints in an apt keyring file (empty when missing or unreadable)."""
+    result = run("gpg", "--show-keys", "--with-colons", path) if Path(path).is_file() else None
+    if result is None or result[0] != 0:
+        return []
+    fingerprints, want = [], False
+    for line in result[1].splitlines():
+        fields = line.split(":")
+        if fields[0] == "pub":
+            want = True
+        elif want and fields[0] == "fpr":
+            fingerprints.append(fields[9])
+            want = False
+    return fingerprints
+
+
+def apt_sources(url: str) -> dict[str, list[str]]:
+    """Every apt source file (one-line and deb822) that names the repository URL, with its lines."""
+    paths = [Path("/etc/apt/sources.list"), *sorted(Path("/etc/apt/sources.list.d").glob("*.list")),
+             *sorted(Path("/etc/apt/sources.list.d").glob("*.sources"))]
+    texts = {str(path): path.read_text(errors="replace") for path in paths if path.is_file()}
+    return {path: text.splitlines() for path, text in texts.items() if url in text}
+
+
+def installed_versions(packages: list[str]) -> dict[str, str]:
+    """Installed version of each package that dpkg has fully installed."""
+    result = run("dpkg-query", "-W", "-f=${Package} ${db:Status-Abbrev} ${Version}\n", *packages)
+    versions = {}
+    for line in result[1].splitlines() if result else ():
+        parts = line.split()
+        if len(parts) == 3 and parts[1].startswith("ii"):
+            versions[parts[0]] = parts[2]
+    return versions
+
+
+def image_id(ref: str) -> str | None:
+    result = run("docker", "image", "inspect", "-f", "{{.Id}}", ref)
+    return result[1].strip() or None if result and result[0] == 0 else None
+
+
+def running_containers() -> list[str]:
+    result = run("docker", "ps", "--format", "{{.Names}}")
+    return sorted(line.strip() for line in result[1].splitlines() if line.strip()) if result and not result[0] else []
+
+
+def runtime_mode(path: str) -> str:
+    """The NVIDIA Container Runtime's mode (auto, legacy, cdi, jit-cdi) in its config.toml; "" when unset."""
+    import tomllib  # python3.11+, as on DGX OS (Ubuntu 24.04); imported here so older hosts fail only this probe
+
+    try:
+        with open(path, "rb") as handle:
+            config = tomllib.load(handle)
+    except FileNotFoundError:
+        return ""
+    return str(config.get("nvidia-container-runtime", {}).get("mode", ""))
+
+
+def weights_check(script: str, args: list[str]) -> dict[str, Any]:
+    """The installed staging script's verdict on the weights; absent before the script is installed."""
+    if not Path(script).is_file():
+        return {"state": "absent"}
+    result = run("python3", script, "check", *args)
+    if result is None or result[0] != 0:
+        return {"state": "error", "error": first_line(result[2], result[1]) if result else "python3 is missing"}
+    try:
+        verdict = json.loads(result[1])
+    except ValueError:
+        verdict = None
+    if not isinstance(verdict, dict):
+        return {"state": "error", "error": f"it printed {first_line(result[1])[:120]!r}, not one JSON object"}
+    return verdict
+
+
+def weights_loaded(manifest: str, loaded: str) -> str:
+    """Whether the running endpoint started on the weights now staged (the unit copies the manifest to /run)."""
+    if not Path(loaded).is_file():
+        return "unknown"
+    try:
+        return "same" if Path(manifest).read_bytes() == Path(loaded).read_bytes() else "differs"
+    except FileNotFoundError:
+        return "differs"
+
+
+def login_user() -> str:
+    """The SSH user: under sudo, the one who ran it."""
+    return os.environ.get("SUDO_USER") or pwd.getpwuid(os.getuid()).pw_name
+
+
+def deploy_state(query: dict[str, Any]) -> dict[str, Callable[[], Any]]:
+    """Probes for the deploy's operations, one per query key that is present."""
+    probes: dict[str, Callable[[], Any]] = {
+        "files": lambda: {path: file_state(path) for path in query["files"]},
+        "units": lambda: unit_files(query["units"]),
+        "daemon_json": lambda: daemon_json(query["daemon_json"], query["runtime"]),
+        "runtime_mode": lambda: runtime_mode(query["runtime_config"]),
+        "keyring": lambda: keyring_fingerprints(query["keyring"]),
+        "apt_sources": lambda: apt_sources(query["apt_url"]),
+        "installed": lambda: installed_versions(query["packages"]),
+        "image_id": lambda: image_id(query["image"]),
+        "containers": running_containers,
+        "weights": lambda: weights_check(query["weights_script"], query["weights_args"]),
+        "weights_loaded": lambda: weights_loaded(query["manifest"], query["loaded_weights"]),
+        "login_user": login_user,
+    }
+    return probes
+
+
+def gather(query: dict[str, Any]) -> dict[str, Any]:
     os.environ["PATH"] = os.environ.get("PATH", "") + ":/usr/sbin:/sbin:/usr/bin:/bin"
+    weights_dir, port, container = query["weights_dir"], query["port"], query["container"]
     # Probes named like a fact give its value; the others give several facts at once.
     probes: dict[str, Callable[[], Any]] = {
         "arch": arch, "os": os_release, "docker": docker, "gpu": gpu, "memory": meminfo,
         "disk": lambda: disk(weights_dir), "port": lambda: port_listener(port, container),
-        "endpoint_state": lambda: unit_state(unit), "dropin_texts": dropins, "daemon": daemon_json,
+        "endpoint_state": lambda: unit_state(query["unit"]), "dropin_texts": dropins,
+        "daemon": lambda: daemon_json_keys(query["daemon_json"]),
     }
+    state = query.get("state")
+    if state is not None:
+        probes.update({f"state.{name}": probe for name, probe in deploy_state({**query, **state}).items()})
     facts: dict[str, Any] = {"probe_errors": {}}
     for name, probe in probes.items():
         try:
@@ -202,10 +388,12 @@ def gather(weights_dir: str, port: int, unit: str, container: str) -> dict[str, 
             continue
         if name in ("memory", "port", "daemon"):
             facts.update(value)
+        elif name.startswith("state."):
+            facts.setdefault("state", {})[name[len("state."):]] = value
         else:
             facts[name] = value
     return facts
 
 
 if __name__ == "__main__":
-    print(json.dumps(gather(sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4])))
+    print(json.dumps(gather(json.loads(sys.argv[1]))))

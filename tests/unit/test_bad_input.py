@@ -13,8 +13,8 @@ from pyinfra.api.exceptions import FactProcessError
 
 from sparkfleet import cli, doctor, operations, rollout, secrets
 from sparkfleet.config import InventoryError, SparkConfig
-from sparkfleet.facts import WeightsCheck
 from sparkfleet.fleet import FleetError, load_fleet
+from sparkfleet.host_state import HostState
 from sparkfleet.preflight import SparkFacts
 
 REPO = Path(__file__).resolve().parents[2]
@@ -137,23 +137,6 @@ def test_the_cli_keeps_tracebacks_for_bugs(monkeypatch: pytest.MonkeyPatch) -> N
 # --- facts whose output is not JSON ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("output", [["Traceback (most recent call last):", "  File ..."], ["[1, 2]"], ["null"], []])
-def test_weights_check_that_is_not_a_json_object_is_a_fact_error(output: list[str]) -> None:
-    with pytest.raises(FactProcessError) as error:
-        WeightsCheck().process(output)
-    first = output[0] if output else "nothing"
-    assert str(error.value).startswith(f"the weights check printed {first!r} where one JSON object was expected: run "
-                                       "`python3 /usr/local/lib/sparkfleet/stage_weights.py check --help` on the host")
-    # pyinfra prints `__cause__ or exception`: the cause must not replace this message.
-    assert error.value.__cause__ is None
-
-
-def test_weights_check_without_a_known_state_is_a_fact_error() -> None:
-    with pytest.raises(FactProcessError, match="which has no known state"):
-        WeightsCheck().process(['{"files": 3}'])
-    assert WeightsCheck().process(['{"state": "ok", "files": 3}']) == {"state": "ok", "files": 3}
-
-
 def test_spark_facts_that_are_not_json_are_a_fact_error() -> None:
     with pytest.raises(FactProcessError) as error:
         SparkFacts().process(["Welcome to DGX OS!", '{"arch": "arm64"}'])
@@ -164,25 +147,22 @@ def test_spark_facts_that_are_not_json_are_a_fact_error() -> None:
     assert SparkFacts().process(['{"arch": "arm64", "dropin_texts": {}}']) == {"arch": "arm64", "dropins": {}}
 
 
-class _Host:
-    """Just enough of pyinfra's host for an operation's body: one fact answer, and its no-op notes."""
-
-    def __init__(self, answer: object) -> None:
-        self.answer, self.noops = answer, []
-
-    def get_fact(self, fact: type, **kwargs: object) -> object:
-        return self.answer
-
-    def noop(self, text: str) -> None:
-        self.noops.append(text)
+def test_an_unreadable_host_state_stops_the_step_with_a_message(monkeypatch: pytest.MonkeyPatch) -> None:
+    """pyinfra returns None for a fact that failed; an operation must fail with words, not a TypeError."""
+    monkeypatch.setattr(operations, "current", lambda: None)
+    commands = [str(c) for c in operations.weights_staged._inner(script="/s.py", dest="/var/lib/m", source=MIRROR,
+                                                                   verify="fast")]
+    assert commands == ["echo 'the host state could not be read (see the error above); nothing was changed' >&2; "
+                        "exit 1"]
 
 
-def test_a_failed_weights_fact_stops_the_step_with_a_message(monkeypatch: pytest.MonkeyPatch) -> None:
-    """pyinfra returns None for a fact that failed; the operation used to index it (TypeError traceback)."""
-    monkeypatch.setattr(operations, "host", _Host(None))
-    commands = list(operations.weights_staged._inner(script="/s.py", dest="/var/lib/m", source=MIRROR, verify="fast"))
-    assert commands == ["echo 'the weights check in /var/lib/m gave no verdict (see the error above); nothing was "
-                        "staged' >&2; exit 1"]
+def test_a_weights_check_without_a_verdict_stops_the_step_with_a_message(monkeypatch: pytest.MonkeyPatch) -> None:
+    verdict = {"state": "error", "error": "it printed 'Traceback', not one JSON object"}
+    state = HostState({"state": {"weights": verdict}})
+    monkeypatch.setattr(operations, "current", lambda: state)
+    (command,) = operations.weights_staged._inner(script="/s.py", dest="/var/lib/m", source=MIRROR, verify="fast")
+    assert str(command).startswith("echo 'the weights check in /var/lib/m gave no verdict (it printed '")
+    assert "python3 /s.py check --help" in str(command) and str(command).endswith("nothing was staged' >&2; exit 1")
 
 
 # --- secrets -------------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import socket
 import subprocess
 import sys
@@ -26,6 +27,7 @@ from sparkfleet.preflight import (
     dockerd_flags,
     flag_key,
     host_findings,
+    preflight_query,
 )
 from sparkfleet.rules import Finding
 
@@ -303,16 +305,23 @@ def test_probe_errors_are_warnings() -> None:
 # --- the fact -------------------------------------------------------------------------------------------
 
 
-def test_fact_sends_the_script_with_its_arguments() -> None:
-    command = SparkFacts().command(weights_dir="/srv/my models/x", port=8001).get_raw_value()
-    assert command.startswith("python3 -c '")
-    assert command.endswith(" '/srv/my models/x' 8001 sparkfleet-vllm.service sparkfleet-vllm")
+def test_fact_sends_the_script_with_its_query() -> None:
+    query = json.dumps(preflight_query(endpoint()))
+    command = SparkFacts().command(query=query).get_raw_value()
+    assert command.startswith("python3 -c '") and command.endswith(" " + shlex.quote(query))
+    assert json.loads(query) == {"weights_dir": endpoint().weights_dir, "port": 8000, "unit": "sparkfleet-vllm.service",
+                                 "container": "sparkfleet-vllm", "daemon_json": "/etc/docker/daemon.json"}
 
 
 def test_fact_parses_the_json_and_the_dropins() -> None:
     line = json.dumps({"arch": "arm64", "dropin_texts": {"/etc/x/10-m.conf": MIRROR_DROPIN}})
     parsed = SparkFacts().process([line])
     assert parsed == {"arch": "arm64", "dropins": {"/etc/x/10-m.conf": ["--registry-mirror", "-H"]}}
+
+
+def _query(weights: Path, port: int, container: str) -> str:
+    return json.dumps({"weights_dir": str(weights), "port": port, "unit": "x.service", "container": container,
+                       "daemon_json": str(weights / "no-daemon.json")})
 
 
 def test_fact_script_reads_this_machine(tmp_path: Path) -> None:
@@ -325,9 +334,8 @@ def test_fact_script_reads_this_machine(tmp_path: Path) -> None:
         server.bind(("127.0.0.1", 0))
         server.listen()
         port = server.getsockname()[1]
-        out = subprocess.run([sys.executable, "-c", HOST_FACTS_SCRIPT.read_text(), str(weights), str(port),
-                              "sparkfleet-vllm.service", "no-such-container"], capture_output=True, text=True,
-                             check=True).stdout
+        out = subprocess.run([sys.executable, "-c", HOST_FACTS_SCRIPT.read_text(), _query(weights, port, "x")],
+                             capture_output=True, text=True, check=True).stdout
     result = SparkFacts().process(out.splitlines())
     assert result["probe_errors"] == {}
     assert result["disk"]["staged"] == 3000 and result["disk"]["free"] > 0
@@ -335,8 +343,9 @@ def test_fact_script_reads_this_machine(tmp_path: Path) -> None:
     assert result["port_listener"] is not None and result["port_ours"] is not True
     assert result["arch"] in ("amd64", "arm64")
     assert result["mem_total"] >= result["mem_available"] > 0
-    missing = subprocess.run([sys.executable, "-c", HOST_FACTS_SCRIPT.read_text(), str(tmp_path / "no" / "dir"),
-                              str(port), "x.service", "x"], capture_output=True, text=True, check=True).stdout
+    missing = subprocess.run([sys.executable, "-c", HOST_FACTS_SCRIPT.read_text(),
+                              _query(tmp_path / "no" / "dir", port, "x")], capture_output=True, text=True,
+                             check=True).stdout
     disk = json.loads(missing)["disk"]
     assert (disk["path"], disk["staged"]) == (str(tmp_path), 0)
 

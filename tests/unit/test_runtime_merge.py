@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from sparkfleet.facts import DaemonJson
 from sparkfleet.operations import RUNTIME, restart_keys, same_runtime, wanted_daemon_json
+from sparkfleet.preflight import HOST_FACTS_SCRIPT
 from tests.lab.standins.nvidia_repo import STANDINS_DIR
 
 RESOLVED = {RUNTIME: "/usr/bin/nvidia-container-runtime", "/usr/bin/nvidia-container-runtime":
@@ -89,9 +89,11 @@ def test_nvidia_ctk_output_is_what_the_merge_adopts(tmp_path: Path) -> None:
 
 
 def _fact(path: Path, runtime: str = RUNTIME) -> dict:
-    command = DaemonJson().command(str(path), runtime).get_raw_value()
-    out = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True).stdout
-    return DaemonJson().process(out.splitlines())
+    """daemon.json as the host-side script reads it (run for real here, as on a host)."""
+    script = HOST_FACTS_SCRIPT.read_text() + "\nprint(json.dumps(daemon_json(sys.argv[1], sys.argv[2])))\n"
+    out = subprocess.run(["python3", "-c", script.replace('if __name__ == "__main__":', "if False:"), str(path),
+                          runtime], capture_output=True, text=True, check=True).stdout
+    return json.loads(out)
 
 
 def test_fact_resolves_runtime_paths_through_symlinks(tmp_path: Path) -> None:

@@ -1,0 +1,25 @@
+"""What the deploy's operations read from a Spark, asked for in one query (see host_state.py)."""
+
+from __future__ import annotations
+
+from sparkfleet.deploys import health, runtime, service, toolkit, weights
+from sparkfleet.endpoint import ENV_FILE, ETC, LOADED_WEIGHTS, MANIFEST, UNIT, Endpoint
+from sparkfleet.host_state import StateQuery
+from sparkfleet.operations import RUNTIME
+
+
+def state_query(spark: Endpoint) -> StateQuery:
+    """Every file, unit and fact a step of deploy.py compares against on this host."""
+    files = (
+        toolkit.PIN, ETC, service.UPLOADS, ENV_FILE, f"/etc/systemd/system/{UNIT}.service", weights.SCRIPT,
+        health.CHECKER, health.STATUS, health.CONFIG,
+        *(f"/etc/systemd/system/{health.HEALTH}.{kind}" for kind in ("service", "timer")),
+        *([weights.sums_file(spark)] if spark.model_source.startswith("/") else []),
+    )
+    return StateQuery(
+        files=files, units=(f"{UNIT}.service", f"{health.HEALTH}.timer"), runtime=RUNTIME,
+        runtime_config=runtime.RUNTIME_CONFIG, keyring=toolkit.KEYRING, apt_url=toolkit.repo_url(spark),
+        packages=toolkit.PACKAGES, image=spark.image, weights_script=weights.SCRIPT,
+        weights_args=tuple(weights.check_args(spark)), manifest=f"{spark.weights_dir}/{MANIFEST}",
+        loaded_weights=LOADED_WEIGHTS,
+    )
