@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.integration.conftest import Run, on_host, pyinfra
+from tests.integration.conftest import Run, fresh, on_host, pyinfra
 from tests.lab import REPO, fleet
 
 HOST = "spark-blank-01"
@@ -19,10 +19,11 @@ HEALTHY = "Wait until the endpoint is healthy"
 
 @pytest.fixture(scope="module")
 def blank() -> Iterator[fleet.LabHost]:
-    """The default lab plus one blank host, for this file only."""
-    state = fleet.up(blank=1)
+    """The default lab plus one blank host, for this file only (reset if a session that stopped half-way left
+    it deployed to)."""
+    fleet.up(blank=1)
     try:
-        yield next(h for h in state.hosts if h.name == HOST)
+        yield fresh(HOST).host(HOST)
     finally:
         fleet.up()  # the default shape again: the blank host and its volume are removed
 

@@ -6,22 +6,16 @@ import re
 import subprocess
 import sys
 
-from tests.integration.conftest import INVENTORY, PYINFRA, Run, on_host, pyinfra
+from tests.integration.conftest import INVENTORY, PYINFRA, Run, invocations, pyinfra
 from tests.lab import REPO, fleet
 
 
-def _invocations(lab: fleet.LabState) -> dict[str, str]:
-    """systemd's InvocationID of each endpoint: it changes on every (re)start, and only then."""
-    return {h.name: on_host(h.container, "systemctl show sparkfleet-vllm.service -p InvocationID --value").strip()
-            for h in lab.hosts}
-
-
-def test_first_deploy_converges(deployed: Run) -> None:
+def test_first_deploy_converges(converged: Run) -> None:
     # On a fresh lab every step changes something; on a lab left converged by an earlier session, nothing.
-    assert deployed.returncode == 0 and deployed.errors == 0
+    assert converged.returncode == 0 and converged.errors == 0
 
 
-def test_verify_suite_passes(deployed: Run, lab: fleet.LabState) -> None:
+def test_verify_suite_passes(converged: Run, lab: fleet.LabState) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/verify", "--inventory",
          "inventory/lab.py", "-rs"], cwd=REPO, capture_output=True, text=True)
@@ -35,11 +29,11 @@ def test_verify_suite_passes(deployed: Run, lab: fleet.LabState) -> None:
     assert "deployed with vllm_start=false" in result.stdout or not arm64
 
 
-def test_second_run_changes_nothing_and_restarts_nothing(deployed: Run, lab: fleet.LabState) -> None:
-    before = _invocations(lab)
+def test_second_run_changes_nothing_and_restarts_nothing(converged: Run, lab: fleet.LabState) -> None:
+    before = invocations(lab.hosts)
     again = pyinfra("deploy.py")
     assert again.changed == 0, again.output[-4000:]
-    assert _invocations(lab) == before
+    assert invocations(lab.hosts) == before
 
 
 def planned_changes(output: str) -> list[str]:
@@ -48,7 +42,7 @@ def planned_changes(output: str) -> list[str]:
     return [line.strip() for line in table.splitlines() if re.search(r"\s\d+ \([^)]*\)", line)]
 
 
-def test_dry_run_plans_nothing(deployed: Run) -> None:
+def test_dry_run_plans_nothing(converged: Run) -> None:
     # Without -y, pyinfra detects changes and prints them; --dry then stops before executing anything.
     result = subprocess.run([PYINFRA, INVENTORY, "--dry", "deploy.py"], cwd=REPO, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
