@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import xml.etree.ElementTree as ElementTree
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,12 +22,15 @@ from sparkfleet.deploys.context import LIB
 from sparkfleet.deploys.toolkit import PIN
 from sparkfleet.endpoint import ETC
 from tests.lab import REPO, fleet
+from tests.verify import test_spark
 
 PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
 INVENTORY = "inventory/lab.py"
 # What a deploy leaves on a host: the toolkit's pin (step 1), then sparkfleet's own directories. A host with
 # none of them is as the lab provisioned it.
 DEPLOY_TRACES = (PIN, ETC, LIB, "/var/lib/sparkfleet")
+# The testinfra suite's checks, each of which runs on every host of the inventory.
+VERIFY_CHECKS = frozenset(name for name in vars(test_spark) if name.startswith("test_"))
 
 
 @dataclass
@@ -97,6 +101,23 @@ def fresh(*names: str) -> fleet.LabState:
     touched = [name for name in names
                if on_host(state.host(name).container, f"if {traces}; then echo touched; fi").strip()]
     return fleet.reset(touched) if touched else state
+
+
+def verify(report: Path, *hosts: str) -> dict[str, dict[str, str]]:
+    """Run the testinfra suite (tests/verify) on `hosts` (every host when empty): for each host, each check's
+    outcome, "passed", "failed", "error" or "skipped: <reason>"."""
+    select = ["-k", " or ".join(hosts)] if hosts else []
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/verify", "--inventory", INVENTORY,
+         f"--junitxml={report}", *select], cwd=REPO, capture_output=True, text=True)
+    assert report.exists(), result.stdout[-3000:] + result.stderr[-3000:]
+    outcomes: dict[str, dict[str, str]] = {}
+    for case in ElementTree.parse(report).iter("testcase"):
+        check, _, host = case.attrib["name"].removesuffix("]").partition("[")
+        found = [(word, element) for tag, word in (("failure", "failed"), ("error", "error"), ("skipped", "skipped"))
+                 if (element := case.find(tag)) is not None]
+        outcomes.setdefault(host, {})[check] = f"{found[0][0]}: {found[0][1].get('message')}" if found else "passed"
+    return outcomes
 
 
 @pytest.fixture(scope="session")
