@@ -19,8 +19,10 @@ SKIPPED_WHEN_EMULATED = "deployed with vllm_start=false"
 @pytest.fixture(scope="module")
 def stock_hosts(lab: fleet.LabState) -> list[fleet.LabHost]:
     """Every host of the lab as provisioned, stock Sparks never deployed to. Hosts other files deployed to are
-    reset: about a minute each, run in parallel, the emulated arm64 host the slowest; on a fresh lab, nothing is
-    reset. All of them, not just one: the first deploy is the product's main path, on every kind of host."""
+    reset: about a minute, in parallel, the emulated arm64 host the slowest. On a fresh lab nothing is, nor in a
+    full session, where files run in name order and this one comes right after the lab's own checks (a saving,
+    not something a test relies on). All of them, not just one: the first deploy is the product's main path,
+    on every kind of host."""
     return fresh(*(host.name for host in lab.hosts)).hosts
 
 
