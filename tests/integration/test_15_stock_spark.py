@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Iterator
 
 import pytest
 
-from tests.integration.conftest import Run, on_host, pyinfra
+from tests.integration.conftest import Run, converge, fresh, on_host, pyinfra
 from tests.lab import fleet
 
 HOST = "spark-01"  # stock, with `default-runtime: nvidia` and the owner's container `owner-webui`
@@ -30,18 +31,19 @@ def _toolkit_files(container: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def spark01() -> fleet.LabHost:
-    """spark-01 as new: a fresh container shaped like a stock Spark, never deployed to."""
-    state = fleet.reset([HOST])
-    return next(h for h in state.hosts if h.name == HOST)
+def spark01(lab: fleet.LabState) -> fleet.LabHost:
+    """spark-01 as new, shaped like a stock Spark and never deployed to (reset if another file deployed to it)."""
+    return fresh(HOST).host(HOST)
 
 
 @pytest.fixture(scope="module")
-def adopted(spark01: fleet.LabHost) -> tuple[Run, dict[str, str], str, str]:
-    """The first deploy to the stock host, with what it looked like before."""
+def adopted(spark01: fleet.LabHost) -> Iterator[tuple[Run, dict[str, str], str, str]]:
+    """The first deploy to the stock host, with what it looked like before; spark-01 is left converged at the
+    end, whatever a failed test left."""
     before = (_started(spark01.container), on_host(spark01.container, f"cat {DAEMON_JSON}"),
               _toolkit_files(spark01.container))
-    return (pyinfra("deploy.py", "--limit", HOST), *before)
+    yield (pyinfra("deploy.py", "--limit", HOST), *before)
+    converge(HOST)
 
 
 def test_root_cannot_log_in_and_admin_has_sudo(spark01: fleet.LabHost) -> None:

@@ -3,10 +3,12 @@ first (the packages' scripts run `systemctl daemon-reload`), then waited for."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
 from sparkfleet.deploys.toolkit import PACKAGES, PIN
-from tests.integration.conftest import Run, on_host, pyinfra
+from tests.integration.conftest import converge, on_host, pyinfra
 from tests.lab import fleet
 
 HOST = "spark-02"
@@ -17,8 +19,17 @@ HEALTHY = "Wait until the endpoint is healthy"
 
 
 @pytest.fixture(scope="module")
-def spark02(lab: fleet.LabState, deployed: Run) -> fleet.LabHost:
-    return next(h for h in lab.hosts if h.name == HOST)
+def spark02_converged(lab: fleet.LabState) -> fleet.LabHost:
+    """spark-02 with its endpoint running on the inventory's toolkit version (the stock one)."""
+    converge(HOST)
+    return lab.host(HOST)
+
+
+@pytest.fixture
+def spark02(spark02_converged: fleet.LabHost) -> Iterator[fleet.LabHost]:
+    """spark-02, given back on the inventory's toolkit version whatever the test left."""
+    yield spark02_converged
+    converge(HOST)
 
 
 def _versions(container: str) -> set[str]:

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 
 import pytest
 
-from tests.integration.conftest import Run, on_host
+from tests.integration.conftest import converge, on_host
 from tests.lab import fleet
+
+HOST = "spark-01"
 
 WEIGHTS = "/var/lib/sparkfleet/models/nvidia--Qwen3.6-35B-A3B-NVFP4"
 PRODUCTION = (
@@ -22,11 +25,17 @@ PRODUCTION = (
 )
 
 
+@pytest.fixture(scope="module")
+def spark01_converged(lab: fleet.LabState) -> fleet.LabHost:
+    """spark-01 deployed: the weights staged and the image pulled that the production command uses."""
+    converge(HOST)
+    return lab.host(HOST)
+
+
 @pytest.fixture
-def spark01(lab: fleet.LabState, deployed: Run):  # noqa: ANN201
-    host = next(h for h in lab.hosts if h.name == "spark-01")
-    yield host
-    on_host(host.container, "docker rm -f prodcheck >/dev/null 2>&1; true")
+def spark01(spark01_converged: fleet.LabHost) -> Iterator[fleet.LabHost]:
+    yield spark01_converged
+    on_host(spark01_converged.container, "docker rm -f prodcheck >/dev/null 2>&1; true")
 
 
 def test_production_command_serves_models(spark01: fleet.LabHost) -> None:

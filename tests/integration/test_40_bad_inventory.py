@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.integration.conftest import INVENTORY, Run, on_host, pyinfra
+from tests.integration.conftest import INVENTORY, on_host, pyinfra
 from tests.lab import REPO, fleet
 
 INVOCATION = "systemctl show -p InvocationID --value sparkfleet-vllm.service docker.service"
@@ -38,8 +38,9 @@ CASES = {
 }
 
 
+# The inventory is validated before any host is read, so these need the lab up, deployed to or not.
 @pytest.mark.parametrize("case", CASES)
-def test_bad_value_fails_before_any_change(deployed: Run, case: str) -> None:
+def test_bad_value_fails_before_any_change(lab: fleet.LabState, case: str) -> None:
     data, field, fix = CASES[case]
     args = [arg for item in data for arg in ("--data", item)]
     run = pyinfra(*args, "deploy.py", check=False)
@@ -56,7 +57,7 @@ def test_bad_value_fails_before_any_change(deployed: Run, case: str) -> None:
     (["doctor", "--limit", "spark-9*"], "--limit spark-9* matches no host in inventory/lab.py"),
     (["rollout", "--limit", "nowhere"], "--limit nowhere matches no host in inventory/lab.py"),
 ])
-def test_bad_arguments_are_one_message(deployed: Run, lab: fleet.LabState, args: list[str], message: str) -> None:
+def test_bad_arguments_are_one_message(lab: fleet.LabState, args: list[str], message: str) -> None:
     before = {h.name: on_host(h.container, INVOCATION) for h in lab.hosts}
     result = subprocess.run([sys.executable, "-m", "sparkfleet", args[0], INVENTORY, *args[1:]], cwd=REPO,
                             capture_output=True, text=True)

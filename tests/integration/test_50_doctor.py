@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import pytest
 
 from sparkfleet.preflight import HOST_CHECKS
-from tests.integration.conftest import INVENTORY, Run, on_host, pyinfra
+from tests.integration.conftest import INVENTORY, Run, converge, on_host, pyinfra
 from tests.lab import REPO, fleet
 
 HOST = "spark-03"
@@ -37,9 +37,15 @@ def rows(report: dict, rule: str) -> list[dict]:
     return [row for row in report["rows"] if row["rule"] == rule]
 
 
+@pytest.fixture(scope="module")
+def deployed(lab: fleet.LabState) -> Run:
+    """The serving hosts deployed: doctor finds each port held by its own endpoint."""
+    return converge("lab_amd64")
+
+
 @pytest.fixture
 def spark03(lab: fleet.LabState, deployed: Run) -> fleet.LabHost:
-    return next(h for h in lab.hosts if h.name == HOST)
+    return lab.host(HOST)
 
 
 def test_deploy_runs_the_preflight_first(deployed: Run) -> None:
@@ -67,13 +73,13 @@ def test_doctor_prints_tables_and_the_memory_budget(deployed: Run) -> None:
         assert text in result.stdout, result.stdout
 
 
-def test_bad_inventory_is_reported_without_connecting(deployed: Run) -> None:
+def test_bad_inventory_is_reported_without_connecting(lab: fleet.LabState) -> None:
     code, reports = doctor_json("--limit", HOST, "--data", "vllm_recipe=nope", "--data", "ssh_port=1")
     assert code == 1
     assert [(row["rule"], row["status"]) for row in reports[HOST]["rows"]] == [("inventory", "error")]
 
 
-def test_unreachable_host_is_an_error(deployed: Run) -> None:
+def test_unreachable_host_is_an_error(lab: fleet.LabState) -> None:
     code, reports = doctor_json("--limit", HOST, "--data", "ssh_port=1")
     assert code == 1
     (row,) = rows(reports[HOST], "host.unreachable")
@@ -122,8 +128,8 @@ FAULTS = {
 def test_unfit_host_fails_doctor_and_deploy_leaves_it_untouched(spark03: fleet.LabHost, name: str) -> None:
     fault = FAULTS[name]
     data = [arg for item in fault.data for arg in ("--data", item)]
-    on_host(spark03.container, fault.inject)
     try:
+        on_host(spark03.container, fault.inject)
         code, reports = doctor_json("--limit", HOST, *data)
         assert code == 1
         problems = [row for row in reports[HOST]["rows"] if row["status"] == "error"]

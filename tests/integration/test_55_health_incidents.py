@@ -11,7 +11,7 @@ import pytest
 
 from sparkfleet.deploys.health import CHECKER, CONFIG
 from sparkfleet.endpoint import ENV_FILE, UNIT
-from tests.integration.conftest import Run, on_host, pyinfra
+from tests.integration.conftest import converge, on_host, pyinfra
 from tests.lab import fleet
 
 HOST = "spark-03"
@@ -19,12 +19,15 @@ IMAGE = "vllm_image=vllm/vllm-openai:v0.28.0"
 
 
 @pytest.fixture(scope="module")
-def spark03(lab: fleet.LabState, deployed: Run) -> Iterator[fleet.LabHost]:
-    host = next(h for h in lab.hosts if h.name == HOST)
+def spark03(lab: fleet.LabState) -> Iterator[fleet.LabHost]:
+    """spark-03 serving, given back with the inventory's own image and health settings at the end."""
+    host = lab.host(HOST)
+    converge(HOST)
     try:
         yield host
     finally:
-        pyinfra("deploy.py", "--limit", HOST)  # the inventory's own image and health settings again
+        on_host(host.container, "rm -rf /tmp/busy-check /tmp/busy-check.json")
+        converge(HOST)
 
 
 def _unit(container: str, prop: str) -> str:

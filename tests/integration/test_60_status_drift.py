@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tests.integration.conftest import INVENTORY, Run, on_host, pyinfra
+from tests.integration.conftest import INVENTORY, Run, converge, on_host
 from tests.lab import LAB_DIR, REPO, fleet
 
 DAEMON_JSON = "/etc/docker/daemon.json"
@@ -36,9 +36,9 @@ def drift_settles(expected: int) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture
-def spark01(lab: fleet.LabState, deployed: Run) -> fleet.LabHost:
-    """The host these tests change (test_30 changes spark-02, test_50 spark-03)."""
-    return next(h for h in lab.hosts if h.name == "spark-01")
+def spark01(lab: fleet.LabState, converged: Run) -> fleet.LabHost:
+    """The host these tests change."""
+    return lab.host("spark-01")
 
 
 def _complete(host: fleet.LabHost, served_name: str) -> None:
@@ -49,7 +49,7 @@ def _complete(host: fleet.LabHost, served_name: str) -> None:
                             f"-d {shlex.quote(body)} http://127.0.0.1:8000/v1/completions")
 
 
-def test_status_shows_every_host(lab: fleet.LabState, deployed: Run) -> None:
+def test_status_shows_every_host(lab: fleet.LabState, converged: Run) -> None:
     first = sparkfleet("status", "--json")
     served = {row["host"]: row["served_name"] for row in json.loads(first.stdout)}
     for host in lab.hosts:
@@ -80,7 +80,7 @@ def test_status_shows_every_host(lab: fleet.LabState, deployed: Run) -> None:
     assert table.stdout.count("active/running") == sum(h.arch == "amd64" for h in lab.hosts)
 
 
-def test_drift_is_one_quiet_line_after_a_deploy(lab: fleet.LabState, deployed: Run) -> None:
+def test_drift_is_one_quiet_line_after_a_deploy(lab: fleet.LabState, converged: Run) -> None:
     result = drift_settles(0)
     assert result.returncode == 0, result.stdout + result.stderr
     assert (result.stdout, result.stderr) == (f"converged: {len(lab.hosts)} hosts\n", "")
@@ -91,8 +91,8 @@ def test_drift_names_a_removed_runtime_until_a_deploy_restores_it(lab: fleet.Lab
     assert drift_settles(0).returncode == 0
     daemon = json.loads(on_host(spark01.container, f"cat {DAEMON_JSON}"))
     del daemon["runtimes"]["nvidia"]
-    on_host(spark01.container, f"echo {shlex.quote(json.dumps(daemon, indent=4))} > {DAEMON_JSON}")
     try:
+        on_host(spark01.container, f"echo {shlex.quote(json.dumps(daemon, indent=4))} > {DAEMON_JSON}")
         result = sparkfleet("drift")
         assert result.returncode == 2, result.stdout + result.stderr
         assert result.stdout.splitlines() == [f"spark-01: would change: {RUNTIME_OP}"]
@@ -103,7 +103,7 @@ def test_drift_names_a_removed_runtime_until_a_deploy_restores_it(lab: fleet.Lab
         assert "Reload dockerd to load the changed runtimes (containers keep running)" in host["follow_ups"]
         assert host["facts"]["nvidia_runtime"] == {"daemon_json": False, "dockerd": True}
     finally:
-        pyinfra("deploy.py")
+        converge("spark-01")
     result = drift_settles(0)
     assert (result.returncode, result.stdout) == (0, f"converged: {len(lab.hosts)} hosts\n"), result.stderr
 

@@ -14,7 +14,7 @@ import pytest
 
 from sparkfleet.config import SparkConfig
 from sparkfleet.deploys.health import wait_command
-from tests.integration.conftest import INVENTORY, Run, on_host, pyinfra
+from tests.integration.conftest import INVENTORY, converge, on_host
 from tests.lab import REPO, fleet
 
 UNIT = "/etc/systemd/system/sparkfleet-vllm.service"
@@ -32,21 +32,21 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def serving(lab: fleet.LabState, deployed: Run) -> Iterator[list[fleet.LabHost]]:
-    """The amd64 hosts, each running the current vLLM stand-in (whose MTP acceptance and pace follow the kernel
-    flags): a host that pulled the tag before the stand-in changed keeps its old copy, since deploys pull a
-    present tag only once. Put back by a plain deploy at the end."""
-    hosts = [h for h in lab.hosts if h.arch == "amd64"]
-    for host in hosts:
+def serving(amd64: list[fleet.LabHost]) -> Iterator[list[fleet.LabHost]]:
+    """The amd64 hosts deployed, each running the current vLLM stand-in (whose MTP acceptance and pace follow the
+    kernel flags): a host that pulled the tag before the stand-in changed keeps its old copy, since deploys pull
+    a present tag only once. Put back by a plain deploy at the end."""
+    converge("lab_amd64")
+    for host in amd64:
         on_host(host.container, f"docker pull -q {IMAGE}")
         wanted = on_host(host.container, f"docker image inspect -f '{{{{.Id}}}}' {IMAGE}").strip()
         running = on_host(host.container, "docker inspect -f '{{.Image}}' sparkfleet-vllm", check=False).strip()
         if running != wanted:
             on_host(host.container, f"systemctl restart sparkfleet-vllm && {wait_command(600)}")
     try:
-        yield hosts
+        yield amd64
     finally:
-        assert pyinfra("deploy.py").errors == 0  # the inventory's own flags again
+        converge("lab_amd64")  # the inventory's own flags again
 
 
 def sparkfleet(home: Path, *args: str) -> subprocess.CompletedProcess[str]:

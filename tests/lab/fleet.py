@@ -76,6 +76,13 @@ class LabState:
     model_mirror_url: str = f"http://mirror.lab/models/{MODEL_NAME}"
     model_local_dir: str = str(WWW / "models" / MODEL_NAME)
 
+    def host(self, name: str) -> LabHost:
+        """The host called `name`: tests name the host they change."""
+        for host in self.hosts:
+            if host.name == name:
+                return host
+        raise LookupError(f"the lab has no host {name} (it has {', '.join(h.name for h in self.hosts)})")
+
     def save(self) -> None:
         STATE_FILE.parent.mkdir(parents=True, exist_ok=True)
         STATE_FILE.write_text(json.dumps(asdict(self), indent=2) + "\n")
