@@ -29,12 +29,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from rich import box
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from sparkfleet import secrets, status
+from sparkfleet import secrets, status, tables
 from sparkfleet.endpoint import Endpoint
 from sparkfleet.recipes import Expected
 from sparkfleet.remote.status import parse_metrics
@@ -578,10 +577,9 @@ def _number(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
-def live_table(probes: list[Probe], load: Load) -> Table:
+def live_table(probes: list[Probe], load: Load, console: Console) -> Table:
     """While it runs: per endpoint, what was measured so far (80 columns)."""
-    table = Table(title=f"bench: {load.concurrency} streams per endpoint for {load.duration:g} s", box=box.SIMPLE_HEAD,
-                  title_justify="left")
+    table = tables.table(console, f"bench: {load.concurrency} streams per endpoint for {load.duration:g} s")
     for column in ("host", "done", "running", "err", "TTFT s\np50", "tok/s\nstream", "tok/s\nall", "time"):
         table.add_column(column, justify="left" if column == "host" else "right", no_wrap=column != "host")
     for probe in probes:
@@ -593,9 +591,9 @@ def live_table(probes: list[Probe], load: Load) -> Table:
     return table
 
 
-def summary_table(records: list[dict[str, Any]]) -> Table:
+def summary_table(records: list[dict[str, Any]], console: Console) -> Table:
     """Per endpoint, the run's figures; latencies in seconds as p50/p95 (80 columns)."""
-    table = Table(title="sparkfleet bench", box=box.SIMPLE_HEAD, title_justify="left")
+    table = tables.table(console, "sparkfleet bench")
     for column in ("host", "req", "err", "TTFT s\np50/p95", "tok/s\nstream", "tok/s\nall", "e2e s\np50/p95",
                    "MTP\naccept"):
         table.add_column(column, justify="left" if column == "host" else "right", no_wrap=column != "host")
@@ -679,8 +677,8 @@ def run_probes(targets: list[Target], load: Load, console: Console | None) -> li
     if console is None or not console.is_terminal:
         measure(probes)
         return probes
-    with Live(live_table(probes, load), console=console, refresh_per_second=4, transient=True) as live:
-        measure(probes, lambda: live.update(live_table(probes, load)))
+    with Live(live_table(probes, load, console), console=console, refresh_per_second=4, transient=True) as live:
+        measure(probes, lambda: live.update(live_table(probes, load, console)))
     return probes
 
 
@@ -712,7 +710,7 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(json.dumps(records, indent=2) + "\n")
     else:
-        console.print(summary_table(records))
+        console.print(summary_table(records, console))
         for line in [line for record in records for line in notes(record)] + sources(records):
             console.print(line, highlight=False)
         console.print(f"recorded in {home() / 'bench'}/<host>.jsonl", highlight=False)

@@ -53,13 +53,17 @@ def _doctor(args: argparse.Namespace) -> int:
 
 def _read_only_parsers(commands: argparse._SubParsersAction) -> None:
     """`status` and `drift` read the fleet over SSH and change nothing; both take doctor's targeting."""
-    for name, text, description in (
-        ("status", "one table of every endpoint: state, uptime, restarts, model, load, KV cache, MTP, alerts",
-         "Run the status reporter on every targeted host; exit 1 unless every host answered."),
-        ("drift", "what a deploy would change and what it cannot see, read-only; quiet enough for cron",
-         "pyinfra's dry run of deploy.py plus each host's facts; exit 0 converged, 2 drifted, 1 on error."),
-    ):
-        add_targeting(commands.add_parser(name, help=text, description=description))
+    status = commands.add_parser(
+        "status", help="one table of every endpoint: state, health, uptime, model, image, load, KV cache, MTP, alerts",
+        description="Run the status reporter on every targeted host; exit 1 unless every host answered.")
+    drift = commands.add_parser(
+        "drift", help="what a deploy would change and what it cannot see, read-only; quiet enough for cron",
+        description="pyinfra's dry run of deploy.py plus each host's facts; exit 0 converged, 2 drifted, 1 on error.")
+    for command in (status, drift):
+        add_targeting(command)
+    status.add_argument("--wide", action="store_true",
+                        help="every column in the host's row, however long the line (as kubectl's -o wide); by "
+                        "default the columns that do not fit the terminal fold under each row")
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -71,7 +75,7 @@ def _status(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(json.dumps([answer.as_dict() for answer in answers], indent=2) + "\n")
     else:
-        status.render(answers, Console())
+        status.render(answers, Console(), args.wide)
     return status.exit_code(answers)
 
 

@@ -20,11 +20,9 @@ from pyinfra.api import Config, Host, State
 from pyinfra.api.exceptions import ConnectError, PyinfraError
 from pyinfra.api.facts import get_fact
 from pyinfra.context import ctx_config, ctx_inventory, ctx_state
-from rich import box
 from rich.console import Console
-from rich.table import Table
 
-from sparkfleet import rules
+from sparkfleet import rules, tables
 from sparkfleet.config import InventoryError
 from sparkfleet.endpoint import Endpoint
 from sparkfleet.fleet import load_endpoint
@@ -234,8 +232,7 @@ def render(reports: list[HostReport], console: Console, explain_budget: bool) ->
     message most of an 80-column terminal.
     """
     for report in reports:
-        table = Table(title=f"{report.host}: {report.status}", title_justify="left", box=box.SIMPLE_HEAD,
-                      show_edge=False, pad_edge=False)
+        table = tables.table(console, f"{report.host}: {report.status}")
         table.add_column("status", no_wrap=True)
         table.add_column("field / rule", no_wrap=True)
         table.add_column("message", ratio=1)
@@ -246,7 +243,7 @@ def render(reports: list[HostReport], console: Console, explain_budget: bool) ->
         terms = report.budget_terms() if explain_budget else []
         if terms:
             memory = "MemTotal" if (report.facts or {}).get("mem_total") else "a nominal 128 GB Spark"
-            budget_table = Table(title=f"{report.host}: memory budget on {memory}", title_justify="left")
+            budget_table = tables.table(console, f"{report.host}: memory budget on {memory}")
             budget_table.add_column("term", no_wrap=True)
             budget_table.add_column("bytes and formula")
             for term, text in terms:

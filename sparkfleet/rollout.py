@@ -18,7 +18,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sparkfleet import bench
+from rich.console import Console
+from rich.table import Table
+
+from sparkfleet import bench, tables
 from sparkfleet.deploys.health import CONFIG, STATE_DIR, wait_command
 from sparkfleet.endpoint import ENV_FILE, UNIT
 
@@ -234,13 +237,10 @@ def main(args: argparse.Namespace) -> int:
     """Validate first (bad inventory or arguments change nothing), then roll out; exit 1 when any batch failed.
 
     A `--limit` that targets no host raises doctor.TargetError before anything runs (the CLI prints it)."""
-    from rich.console import Console
-    from rich.table import Table
-
     from sparkfleet.doctor import load_hosts
     from sparkfleet.fleet import FleetError, load_fleet
 
-    console = Console(stderr=args.json, width=None if sys.stdout.isatty() else 140)
+    console = Console(stderr=args.json)
     state, hosts = load_hosts(args.inventory, args.limit, args.data)
     try:
         endpoints, _ = load_fleet({host.name: host.data.dict() for host in hosts})
@@ -261,12 +261,18 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(json.dumps(plan.as_json(), indent=2) + "\n")
     else:
-        table = Table(title="sparkfleet rollout")
-        for column in ("batch", "host", "outcome", "health / diagnosis"):
-            table.add_column(column)
-        styles = {"updated": "green", "rolled-back": "yellow", "skipped": "dim"}
-        for result in plan.results.values():
-            style = styles.get(result.outcome, "red")
-            table.add_row(str(result.batch + 1), result.host, f"[{style}]{result.outcome}[/{style}]", result.diagnosis)
-        console.print(table)
+        console.print(summary_table(plan, console))
     return 0 if plan.failed_batch is None else 1
+
+
+def summary_table(plan: Rollout, console: Console) -> Table:
+    """Per host, its batch and outcome; the diagnosis is the column that wraps to fit the terminal."""
+    table = tables.table(console, "sparkfleet rollout")
+    for column in ("batch", "host", "outcome"):
+        table.add_column(column, no_wrap=True, justify="right" if column == "batch" else "left")
+    table.add_column("health / diagnosis")
+    styles = {"updated": "green", "rolled-back": "yellow", "skipped": "dim"}
+    for result in plan.results.values():
+        style = styles.get(result.outcome, "red")
+        table.add_row(str(result.batch + 1), result.host, f"[{style}]{result.outcome}[/{style}]", result.diagnosis)
+    return table

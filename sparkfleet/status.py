@@ -18,10 +18,11 @@ from pyinfra.api import Host, State
 from pyinfra.api.exceptions import ConnectError, PyinfraError
 from pyinfra.api.facts import FactBase, get_fact
 from rich.console import Console
-from rich.table import Table
+from rich.markup import escape
 
 from sparkfleet.deploys.health import STATUS as SCRIPT
 from sparkfleet.doctor import load_hosts
+from sparkfleet.tables import Column, print_folded
 
 MARKER = "SPARKFLEET-STATUS "  # the reporter's line prefix (remote/status.py MARKER)
 NOT_INSTALLED = {"installed": False}
@@ -103,9 +104,15 @@ def collect(inventory: str, limits: Iterable[str] = (), data: Iterable[str] = ()
 
 # --- rendering -----------------------------------------------------------------------------------------
 
-COLUMNS = ("host", "endpoint", "uptime", "restarts", "model", "served name", "running", "waiting", "KV cache",
-           "MTP accept", "health", "last alert")
-NUMBERS = ("uptime", "restarts", "running", "waiting", "KV cache", "MTP accept")
+# What an operator looks for first is always a column; the rest are columns while the terminal is wide enough
+# (in this order), else a detail line under the host's row; --wide keeps them all in the row.
+COLUMNS = (
+    Column("host", key=True), Column("endpoint", key=True), Column("health", key=True),
+    Column("uptime", right=True), Column("restarts", right=True), Column("model", key=True), Column("image"),
+    Column("KV cache", right=True), Column("MTP accept", right=True), Column("running", right=True),
+    Column("waiting", right=True), Column("served name"), Column("last alert"),
+)
+HEALTH_COLOURS = {"healthy": "green", "starting": "yellow", "unhealthy": "bold red"}
 
 
 def duration(seconds: float | None) -> str:
@@ -128,46 +135,57 @@ def percent(value: float | None) -> str:
 
 
 def text(value: object) -> str:
-    return "-" if value is None else str(value)
+    """A value as a cell: hosts' words are never read as rich markup (`[oom]` stays in the text)."""
+    return "-" if value is None else escape(str(value))
+
+
+def short_model(model: str | None) -> str:
+    """`org/name` as `name`: the served name (a column of its own) keeps the organisation."""
+    return text(model.rsplit("/", 1)[-1] if model else None)
+
+
+def short_image(image: str | None) -> str:
+    """An image reference without its registry and organisation, a digest cut to 12 characters."""
+    if not image:
+        return "-"
+    name, _, digest = image.rsplit("/", 1)[-1].partition("@")
+    return text(f"{name}@{digest.removeprefix('sha256:')[:12]}" if digest else name)
 
 
 def last_alert(alert: dict[str, Any] | None) -> str:
     """When and why the checker last alerted (the cause key, e.g. `crashloop/cutlass`)."""
     if not alert:
         return "-"
-    return f"{alert.get('time') or '?'} {alert.get('cause') or alert.get('diagnosis') or ''}".strip()
+    return text(f"{alert.get('time') or '?'} {alert.get('cause') or alert.get('diagnosis') or ''}".strip())
+
+
+def coloured(word: str | None, colour: str | None) -> str:
+    return f"[{colour}]{text(word)}[/]" if colour else text(word)
 
 
 def endpoint_state(status: dict[str, Any]) -> str:
     state, sub = status.get("state"), status.get("sub_state")
-    if state is None:
-        return "-"
-    word = f"{state}/{sub}" if sub else state
-    colour = COLOURS.get(state)
-    return f"[{colour}]{word}[/]" if colour else word
+    return coloured(f"{state}/{sub}" if state and sub else state, COLOURS.get(state or ""))
 
 
 def row(answer: Answer) -> list[str]:
+    """One cell per COLUMNS entry, as rich markup."""
     if answer.status is None:
-        return [answer.host, "[bold red]no answer[/]", *("" for _ in COLUMNS[2:])]
+        return [text(answer.host), "[bold red]no answer[/]", *("" for _ in COLUMNS[2:])]
     s = answer.status
     health = (s.get("last_result") or {}).get("state")
     return [
-        answer.host, endpoint_state(s), duration(s.get("uptime_seconds")), text(s.get("restarts")),
-        text(s.get("model")), text(s.get("served_name")), text(s.get("requests_running")),
-        text(s.get("requests_waiting")), percent(s.get("kv_cache_usage")), percent(s.get("mtp_acceptance")),
-        text(health), last_alert(s.get("last_alert")),
+        text(answer.host), endpoint_state(s), coloured(health, HEALTH_COLOURS.get(health or "")),
+        duration(s.get("uptime_seconds")), text(s.get("restarts")), short_model(s.get("model")),
+        short_image(s.get("image")), percent(s.get("kv_cache_usage")), percent(s.get("mtp_acceptance")),
+        text(s.get("requests_running")), text(s.get("requests_waiting")), text(s.get("served_name")),
+        last_alert(s.get("last_alert")),
     ]
 
 
-def render(answers: list[Answer], console: Console) -> None:
+def render(answers: list[Answer], console: Console, wide: bool = False) -> None:
     """The table, then why each host without an answer has none (too long for a cell)."""
-    table = Table(title="sparkfleet status", title_justify="left")
-    for column in COLUMNS:
-        table.add_column(column, no_wrap=column == "host", justify="right" if column in NUMBERS else "left")
-    for answer in answers:
-        table.add_row(*row(answer))
-    console.print(table)
+    print_folded(console, "sparkfleet status", COLUMNS, [row(answer) for answer in answers], wide)
     for answer in answers:
         if answer.error:
             console.print(f"[bold red]{answer.host}[/]: {answer.error}", highlight=False)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from importlib import resources
 from pathlib import Path
 from typing import TypeVar
 
@@ -14,8 +15,9 @@ from pyinfra.api.operation import OperationMeta
 from sparkfleet.endpoint import Endpoint
 from sparkfleet.fleet import load_fleet
 
-TEMPLATES = Path(__file__).resolve().parents[2] / "templates"
-REMOTE = Path(__file__).resolve().parents[1] / "remote"  # stdlib scripts that run on the Sparks
+# Package data, found the same way in an editable and an installed copy (templates/ is sparkfleet.templates).
+TEMPLATES = Path(str(resources.files("sparkfleet.templates")))
+REMOTE = Path(str(resources.files("sparkfleet") / "remote"))  # stdlib scripts that run on the Sparks
 LIB = "/usr/local/lib/sparkfleet"  # where they are installed there
 
 T = TypeVar("T")

@@ -8,17 +8,18 @@ import subprocess
 import sys
 
 from rich.console import Console
-from rich.table import Table
 
+from sparkfleet import tables
 from tests.lab import REPO, fleet
 
 
 def _status() -> int:
+    console = Console()
     state = fleet.LabState.load()
     if state is None:
-        Console().print("lab: not up (no state file); run `python -m tests.lab up`")
+        console.print("lab: not up (no state file); run `python -m tests.lab up`")
         return 1
-    table = Table(title="sparkfleet lab")
+    table = tables.table(console, "sparkfleet lab")
     for column in ("host", "arch", "ssh", "container", "systemd", "docker"):
         table.add_column(column)
     for host in state.hosts:
@@ -29,8 +30,8 @@ def _status() -> int:
             docker = _exec(host.container, "docker", "info", "-f", "{{.ServerVersion}}")
         table.add_row(host.name, host.arch, f"127.0.0.1:{host.ssh_port}", status[0] if status else "missing",
                       systemd, docker)
-    Console().print(table)
-    Console().print(f"registry: 127.0.0.1:{state.registry_port}  model mirror: {state.model_mirror_url}")
+    console.print(table)
+    console.print(f"registry: 127.0.0.1:{state.registry_port}  model mirror: {state.model_mirror_url}")
     return 0
 
 

@@ -288,8 +288,8 @@ def test_tables_fit_80_columns() -> None:
     target = bench.Target("spark-arm64-01", "http://x:8000", SERVED, None, "qwen3.6-35b-a3b-nvfp4")
     probe = bench.Probe(target, LOAD)
     console = Console(width=80, record=True)
-    console.print(bench.live_table([probe], LOAD))
-    console.print(bench.summary_table([record(errors=2, error="HTTP 503")]))
+    console.print(bench.live_table([probe], LOAD, console))
+    console.print(bench.summary_table([record(errors=2, error="HTTP 503")], console))
     lines = console.export_text().splitlines()
     assert max(len(line.rstrip()) for line in lines) <= 80
     assert any("spark-arm64-01" in line and "warm-up" in line for line in lines)

@@ -285,9 +285,9 @@ def test_status_rows_and_exit_code() -> None:
                                     "last_alert": {"time": "2025-11-29T17:00:00+00:00", "cause": "down"}})
     bare = status.Answer("spark-arm64-01", {"state": "inactive", "sub_state": "dead"})
     lost = status.Answer("spark-03", error="unreachable: cannot connect over SSH (timeout)")
-    assert status.row(ok) == ["spark-01", "[green]active/running[/]", "1h 02m", "1", "org/m", "m", "2", "0",
-                              "12.5%", "82.3%", "healthy", "2025-11-29T17:00:00+00:00 down"]
-    assert status.row(bare)[2:] == ["-"] * 10
+    assert status.row(ok) == ["spark-01", "[green]active/running[/]", "[green]healthy[/]", "1h 02m", "1", "m", "-",
+                              "12.5%", "82.3%", "2", "0", "m", "2025-11-29T17:00:00+00:00 down"]
+    assert status.row(bare)[2:] == ["-"] * 11
     assert status.row(lost)[1] == "[bold red]no answer[/]"
     assert status.exit_code([ok, bare]) == 0
     assert status.exit_code([ok, lost]) == 1

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import shlex
-from pathlib import Path
 
 import jinja2
 
 from sparkfleet.config import SparkConfig
+from sparkfleet.deploys.context import TEMPLATES
 from sparkfleet.endpoint import resolve
 from sparkfleet.unit import UnitView, systemd_quote
 from sparkfleet.vllm_flags import flag_set, to_argv
 
-TEMPLATE = Path(__file__).resolve().parents[2] / "templates" / "vllm" / "sparkfleet-vllm.service.j2"
+TEMPLATE = TEMPLATES / "vllm" / "sparkfleet-vllm.service.j2"  # found as the deploy finds it
 
 
 def _render(**data: object) -> str:
