@@ -37,6 +37,7 @@ from sparkfleet import secrets, status, tables
 from sparkfleet.endpoint import Endpoint
 from sparkfleet.recipes import Expected
 from sparkfleet.remote.status import parse_metrics
+from sparkfleet.runner import load_hosts, quiet_pyinfra
 
 RECORD_VERSION = 1
 REQUEST_TIMEOUT = 120.0  # seconds without a byte before a stream counts as failed
@@ -684,11 +685,10 @@ def run_probes(targets: list[Target], load: Load, console: Console | None) -> li
 
 def main(args: argparse.Namespace) -> int:
     """Exit 0 when every targeted endpoint served the whole run without a failed request, else 1."""
-    from sparkfleet.doctor import load_hosts
     from sparkfleet.fleet import load_fleet
 
     console = Console(stderr=args.json)
-    status.quiet_pyinfra()
+    quiet_pyinfra()
     state, hosts = load_hosts(args.inventory, args.limit, args.data)
     endpoints, _ = load_fleet({host.name: host.data.dict() for host in hosts})
     serving = [host for host in hosts if endpoints[host.name].config.vllm_start]
@@ -737,7 +737,7 @@ class Gate:
         self.references: dict[str, dict[str, Any] | None] = {}
         self.verdicts: dict[str, Verdict] = {}
         self._pending: dict[str, dict[str, Any]] = {}
-        status.quiet_pyinfra()
+        quiet_pyinfra()
 
     def _configs(self, members: list[str]) -> dict[str, tuple[dict, str | None]]:
         return read_configs(self.state, [self.hosts[name] for name in members], self.endpoints)

@@ -52,7 +52,7 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 def _read_only_parsers(commands: argparse._SubParsersAction) -> None:
-    """`status` and `drift` read the fleet over SSH and change nothing; both take doctor's targeting."""
+    """`status` and `drift` read the fleet over SSH and change nothing; both target hosts as every command does."""
     status = commands.add_parser(
         "status", help="one table of every endpoint: state, health, uptime, model, image, load, KV cache, MTP, alerts",
         description="Run the status reporter on every targeted host; exit 1 unless every host answered.")

@@ -7,23 +7,17 @@ connection; the others are reached over SSH and read once (SparkFacts).
 
 from __future__ import annotations
 
-import fnmatch
 import json
-import os
 import re
-import sys
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
-from pyinfra.api import Config, Host, State
-from pyinfra.api.exceptions import ConnectError, PyinfraError
+from pyinfra.api import Host, State
 from pyinfra.api.facts import get_fact
-from pyinfra.context import ctx_config, ctx_inventory, ctx_state
 from rich.console import Console
 
 from sparkfleet import rules, tables
-from sparkfleet.config import InventoryError
 from sparkfleet.endpoint import Endpoint
 from sparkfleet.fleet import load_endpoint
 from sparkfleet.memory import SPARK_MEMORY_BYTES, budget, explain
@@ -36,6 +30,7 @@ from sparkfleet.preflight import (
     host_summary,
     preflight_query,
 )
+from sparkfleet.runner import SSH_ERRORS, cannot_connect, connected, each, load_hosts
 
 Status = Literal["ok", "warning", "error"]
 NOMINAL_MEMORY_RULES = ("capacity.memory", "capacity.memory-tight")  # superseded by host.memory once read
@@ -45,25 +40,6 @@ HOST_FIELDS = {"host.arch": "vllm_image", "host.os": "host", "host.docker": "hos
                "host.memory": "vllm_args.gpu-memory-utilization", "host.disk": "model_dir", "host.port": "vllm_port",
                "host.dropin": "host"}
 _FIELD = re.compile(r"^`([^`]+)`")
-
-
-class TargetError(ValueError):
-    """The inventory and `--limit` select no host: nothing to check or change, and nothing was."""
-
-
-def _names(names: Iterable[str], most: int = 8) -> str:
-    names = sorted(names)
-    return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
-
-
-def no_target(inventory: str, patterns: list[str], hosts: list[str], groups: list[str]) -> str:
-    """One paragraph: why no host is targeted, and what would target one."""
-    if not hosts:
-        return (f"{inventory} defines no hosts: list them in it as pyinfra inventories do (see "
-                "inventory/sparks.py), or check the path; nothing was changed on any host")
-    known = f"hosts: {_names(hosts)}" + (f"; groups: {_names(groups)}" if groups else "")
-    return (f"--limit {','.join(patterns)} matches no host in {inventory} ({known}): give a host name, group or "
-            "glob from it; nothing was changed on any host")
 
 
 @dataclass(frozen=True)
@@ -110,49 +86,6 @@ class HostReport:
         return data
 
 
-def load_hosts(inventory: str, limits: Iterable[str], data: Iterable[str]) -> tuple[State, list[Host]]:
-    """The targeted hosts, built by pyinfra_cli itself so `--limit` and `--data` mean what they mean there.
-
-    `--limit` also takes comma-separated patterns. Importing pyinfra_cli monkey-patches the process with
-    gevent (as the pyinfra CLI runs), which is why it happens here and not at import time. Raises InventoryError
-    when the inventory file cannot be loaded and TargetError when no host is targeted.
-    """
-    import click
-    import pyinfra_cli  # noqa: F401  (gevent's monkey patching first, as in the pyinfra CLI)
-    from pyinfra_cli.cli import _apply_inventory_limit
-    from pyinfra_cli.exceptions import UnexpectedExternalError
-    from pyinfra_cli.inventory import make_inventory
-    from pyinfra_cli.util import parse_cli_arg
-
-    cwd = os.getcwd()
-    if cwd not in sys.path:
-        sys.path.append(cwd)  # inventories may import modules beside them, as under the pyinfra CLI
-    state, config = State(), Config()
-    state.cwd = cwd
-    ctx_state.set(state)
-    ctx_config.set(config)
-    overrides = {key: parse_cli_arg(value) for key, _, value in (item.partition("=") for item in data)}
-    try:
-        hosts = make_inventory(inventory, override_data=overrides, cwd=cwd)
-    except UnexpectedExternalError as error:  # the inventory file's own code raised
-        raise InventoryError(f"{inventory} cannot be loaded ({type(error.exception).__name__}: {error.exception}): "
-                             f"fix it (`python {inventory}` shows where); nothing was changed on any host") from None
-    except (SyntaxError, TypeError, click.ClickException) as error:
-        why = error.format_message() if isinstance(error, click.ClickException) else f"{type(error).__name__}: {error}"
-        raise InventoryError(f"{inventory} is not a usable pyinfra inventory ({why}): fix it; nothing was "
-                             "changed on any host") from None
-    ctx_inventory.set(hosts)
-    patterns = [part for limit in limits for part in limit.split(",") if part]
-    names = [host.name for host in hosts]
-    groups = [name for name, members in hosts.groups.items() if members and name != "all"]
-    # pyinfra's own matching (a group, else a glob over host names) only warns when nothing matches.
-    if not names or (patterns and not any(pattern in groups or fnmatch.filter(names, pattern)
-                                           for pattern in patterns)):
-        raise TargetError(no_target(inventory, patterns, names, groups))
-    state.init(hosts, config, initial_limit=_apply_inventory_limit(hosts, patterns))
-    return state, [host for host in hosts if state.is_host_in_limit(host)]
-
-
 def inventory_row(host: str, error: str) -> Row:
     """An inventory error as a row; its field is the variable the sentence starts with (`name` ...)."""
     message = error.removeprefix(f"{host}: ")
@@ -190,11 +123,11 @@ def host_rows(endpoint: Endpoint, facts: Facts) -> list[Row]:
 def read_host(state: State, host: Host, endpoint: Endpoint) -> Facts | str:
     """SparkFacts of one host, or why it could not be read (the message of `host.unreachable`)."""
     try:
-        host.connect(show_errors=False, raise_exceptions=True)
-        facts = get_fact(state, host, SparkFacts, kwargs={"query": json.dumps(preflight_query(endpoint))},
-                         apply_failed_hosts=False)
-    except (ConnectError, PyinfraError, OSError) as error:
-        return f"cannot connect over SSH ({error or type(error).__name__}): check ssh_hostname, ssh_user, keys"
+        with connected(host):
+            facts = get_fact(state, host, SparkFacts, kwargs={"query": json.dumps(preflight_query(endpoint))},
+                             apply_failed_hosts=False)
+    except SSH_ERRORS as error:
+        return f"{cannot_connect(error)}: check ssh_hostname, ssh_user, keys"
     if facts is None:
         return ("connected, but the preflight gave no usable answer (python3 missing, or output that is not one "
                 "JSON object: the error printed above says which); run `pyinfra INVENTORY fact server.Os` to see "
@@ -209,13 +142,10 @@ def diagnose(inventory: str, limits: Iterable[str] = (), data: Iterable[str] = (
     for host in hosts:
         endpoint, rows = recipe_rows(host.name, host.data.dict())
         reports[host] = HostReport(host.name, rows, endpoint)
-    reachable = {host: report for host, report in reports.items() if report.endpoint is not None}
-    greenlets = {host: state.pool.spawn(read_host, state, host, report.endpoint) for host, report in reachable.items()}
-    state.pool.join()
-    for host, greenlet in greenlets.items():
-        report, facts = reports[host], greenlet.get()
-        if host.connected:
-            host.disconnect()
+    reachable = [host for host, report in reports.items() if report.endpoint is not None]
+    read = each(state, reachable, lambda host: read_host(state, host, reports[host].endpoint))  # type: ignore[arg-type]
+    for host, facts in zip(reachable, read, strict=True):
+        report = reports[host]
         if isinstance(facts, str):
             report.rows.append(Row("host.unreachable", "error", "ssh_hostname", facts))
             continue

@@ -14,12 +14,7 @@ Exit 0 converged, 2 drifted, 1 error (unreachable host, pyinfra failure, bad inv
 
 from __future__ import annotations
 
-import json
-import os
-import re
 import shlex
-import subprocess
-import sys
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -28,18 +23,14 @@ from typing import Any, TextIO
 from pyinfra.api import Host
 
 from sparkfleet import status
-from sparkfleet.doctor import load_hosts
 from sparkfleet.endpoint import UNIT, Endpoint
 from sparkfleet.fleet import load_endpoint
 from sparkfleet.manifest import controller_sums
+from sparkfleet.runner import Runner, load_hosts, quiet_pyinfra
 
-REPO = Path(__file__).resolve().parents[1]
-DEPLOY = REPO / "deploy.py"
-PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
 EXIT_CONVERGED, EXIT_ERROR, EXIT_DRIFTED = 0, 1, 2
 # The operations that write the files the facts describe (service.py; a unit test keeps them in step).
 FILE_OPS = {"unit_file": f"Render the {UNIT} unit", "env_file": "Write the endpoint's secrets"}
-_HOST_ERROR = re.compile(r"\s*\[[^\]]+\] .*(error|could not|failed|unable)", re.IGNORECASE)
 
 
 # --- the dry run ---------------------------------------------------------------------------------------
@@ -61,58 +52,19 @@ def op_name(names: Iterable[str]) -> str:
     return " / ".join(sorted({name.rpartition(" | ")[2] for name in names}))
 
 
-def parse_plan(stdout: str) -> Plan | None:
-    """The plan from `pyinfra --dry --json` output (its last JSON line); None when there is none."""
-    for line in reversed(stdout.splitlines()):
-        try:
-            payload = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(payload, dict) and isinstance(payload.get("plan"), list):
-            break
-    else:
+def parse_plan(report: dict[str, Any] | None) -> Plan | None:
+    """The plan from pyinfra's `--dry --json` report (runner.read_report); None when it printed none."""
+    if report is None:
         return None
     changes: dict[str, list[str]] = {}
     follow_ups: dict[str, list[str]] = {}
-    for op in payload["plan"]:
+    for op in report["plan"]:
         name = op_name(op.get("names") or [op.get("name") or op.get("op_hash", "?")])
         for host in op.get("hosts_with_change") or []:
             changes.setdefault(host, []).append(name)
         for host in op.get("hosts_with_conditional_change") or []:
             follow_ups.setdefault(host, []).append(name)
     return Plan(changes, follow_ups)
-
-
-def pyinfra_message(stderr: str) -> list[str]:
-    """pyinfra's own words on what failed: each host's error lines, then its final error to the end."""
-    lines = [line.rstrip() for line in stderr.splitlines() if line.strip()]
-    final = next((i for i, line in enumerate(lines) if line.startswith(("--> pyinfra error", "--> An exception"))),
-                 len(lines))
-    message = [line.strip() for line in lines[:final] if _HOST_ERROR.match(line)] + lines[final:]
-    return message or lines[-10:]
-
-
-def dry_run_command(inventory: str, limits: Iterable[str], data: Iterable[str]) -> list[str]:
-    """Never with `-y`: it turns pyinfra's change detection off, and the plan then lists only the operations
-    the deploy itself asked `will_change` about. `--json` never prompts."""
-    command = [PYINFRA, "--dry", "--json"]
-    for pattern in split_limits(limits):
-        command += ["--limit", pattern]
-    for item in data:
-        command += ["--data", item]
-    return [*command, inventory, str(DEPLOY)]
-
-
-def split_limits(limits: Iterable[str]) -> list[str]:
-    """`--limit a,b` as doctor and status read it; the pyinfra CLI itself takes one pattern per flag."""
-    return [part for limit in limits for part in limit.split(",") if part]
-
-
-def start_dry_run(inventory: str, limits: Iterable[str], data: Iterable[str]) -> subprocess.Popen[str]:
-    """Start the dry run in the background (the deploy imports sparkfleet from this checkout)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    return subprocess.Popen(dry_run_command(inventory, limits, data), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
 
 
 # --- the facts -----------------------------------------------------------------------------------------
@@ -238,19 +190,20 @@ def host_drift(spark: Endpoint, answer: status.Answer, plan: Plan) -> HostDrift:
 def check(inventory: str, limits: Iterable[str] = (), data: Iterable[str] = ()) -> Report:
     """Dry run and host reports at once; a host with a bad inventory is left to the dry run's message.
 
-    A `--limit` that targets no host raises doctor.TargetError (the CLI prints it and exits 1)."""
-    status.quiet_pyinfra()
+    A `--limit` that targets no host raises runner.TargetError (the CLI prints it and exits 1)."""
+    quiet_pyinfra()
     state, hosts = load_hosts(inventory, limits, data)
+    runner = Runner(inventory, state, hosts, list(data))
     endpoints: dict[str, Endpoint | None] = {host.name: load_endpoint(host.name, host.data.dict())[0]
                                               for host in hosts}
     reachable = [host for host in hosts if endpoints[host.name] is not None]
     # Hashing a controller weights directory comes first: the dry run then reads the warm cache.
     args = {host.name: reporter_args(endpoints[host.name]) for host in reachable}  # type: ignore[arg-type]
-    dry_run = start_dry_run(inventory, limits, data)
+    pending = runner.start_deploy([host.name for host in hosts], dry=True)
     answers = {answer.host: answer for answer in status.probe(state, reachable, lambda host: args[host.name])}
-    stdout, stderr = dry_run.communicate()
-    plan = parse_plan(stdout)
-    errors = [] if dry_run.returncode == 0 and plan is not None else pyinfra_message(stderr)
+    dry_run = pending.result()
+    plan = parse_plan(dry_run.report)
+    errors = [] if dry_run.ok else dry_run.message()
     return Report([_one(host, endpoints[host.name], answers.get(host.name), plan) for host in hosts], errors)
 
 

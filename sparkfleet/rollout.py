@@ -236,9 +236,9 @@ def add_parser(commands: argparse._SubParsersAction,
 def main(args: argparse.Namespace) -> int:
     """Validate first (bad inventory or arguments change nothing), then roll out; exit 1 when any batch failed.
 
-    A `--limit` that targets no host raises doctor.TargetError before anything runs (the CLI prints it)."""
-    from sparkfleet.doctor import load_hosts
+    A `--limit` that targets no host raises runner.TargetError before anything runs (the CLI prints it)."""
     from sparkfleet.fleet import FleetError, load_fleet
+    from sparkfleet.runner import load_hosts
 
     console = Console(stderr=args.json)
     state, hosts = load_hosts(args.inventory, args.limit, args.data)

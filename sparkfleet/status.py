@@ -2,26 +2,24 @@
 
 Each host runs the stdlib status reporter the deploy installed (sparkfleet/remote/status.py) through one
 pyinfra fact: one SSH round trip per host, all hosts at once. The inventory is loaded as the pyinfra CLI
-loads it (doctor.load_hosts), so `--limit` and `--data` mean what they mean there.
+loads it (runner.load_hosts), so `--limit` and `--data` mean what they mean there.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import shlex
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from pyinfra.api import Host, State
-from pyinfra.api.exceptions import ConnectError, PyinfraError
 from pyinfra.api.facts import FactBase, get_fact
 from rich.console import Console
 from rich.markup import escape
 
 from sparkfleet.deploys.health import STATUS as SCRIPT
-from sparkfleet.doctor import load_hosts
+from sparkfleet.runner import SSH_ERRORS, cannot_connect, connected, each, load_hosts, quiet_pyinfra
 from sparkfleet.tables import Column, print_folded
 
 MARKER = "SPARKFLEET-STATUS "  # the reporter's line prefix (remote/status.py MARKER)
@@ -67,13 +65,10 @@ class Answer:
 
 def read_status(state: State, host: Host, args: str) -> Answer:
     try:
-        host.connect(show_errors=False, raise_exceptions=True)
-        status = get_fact(state, host, EndpointStatus, kwargs={"args": args}, apply_failed_hosts=False)
-    except (ConnectError, PyinfraError, OSError) as error:
-        return Answer(host.name, error=f"unreachable: cannot connect over SSH ({error or type(error).__name__})")
-    finally:
-        if host.connected:
-            host.disconnect()
+        with connected(host):
+            status = get_fact(state, host, EndpointStatus, kwargs={"args": args}, apply_failed_hosts=False)
+    except SSH_ERRORS as error:
+        return Answer(host.name, error=f"unreachable: {cannot_connect(error)}")
     if status is None:
         return Answer(host.name, error=f"connected, but {SCRIPT} printed no report: run it there to see why")
     if status == NOT_INSTALLED:
@@ -83,17 +78,7 @@ def read_status(state: State, host: Host, args: str) -> Answer:
 
 def probe(state: State, hosts: list[Host], args_for: Callable[[Host], str] = lambda host: "") -> list[Answer]:
     """Every host's report, read in parallel; `args_for` adds reporter arguments per host."""
-    greenlets = [state.pool.spawn(read_status, state, host, args_for(host)) for host in hosts]
-    state.pool.join()
-    return [greenlet.get() for greenlet in greenlets]
-
-
-def quiet_pyinfra() -> None:
-    """Keep pyinfra's and paramiko's SSH chatter (host keys, banner tracebacks) off stderr: each Answer says
-    what failed. Without handlers of their own, Python prints them through its last-resort handler.
-    """
-    for name in ("pyinfra", "paramiko"):
-        logging.getLogger(name).addHandler(logging.NullHandler())
+    return each(state, hosts, lambda host: read_status(state, host, args_for(host)))
 
 
 def collect(inventory: str, limits: Iterable[str] = (), data: Iterable[str] = ()) -> list[Answer]:

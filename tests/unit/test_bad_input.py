@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from pyinfra.api.exceptions import FactProcessError
 
-from sparkfleet import cli, doctor, operations, rollout, secrets
+from sparkfleet import cli, operations, rollout, runner, secrets
 from sparkfleet.config import InventoryError, SparkConfig
 from sparkfleet.fleet import FleetError, load_fleet
 from sparkfleet.host_state import HostState
@@ -96,7 +96,7 @@ def test_rollout_plan_names_the_option() -> None:
 
 def test_no_target_message_lists_what_exists() -> None:
     hosts = [f"spark-{n:02d}" for n in range(12)]
-    message = doctor.no_target("inv.py", ["x", "y*"], hosts, ["sparks"])
+    message = runner.no_target("inv.py", ["x", "y*"], hosts, ["sparks"])
     assert message == ("--limit x,y* matches no host in inv.py (hosts: spark-00, spark-01, spark-02, spark-03, "
                        "spark-04, spark-05, spark-06, spark-07 and 4 more; groups: sparks): give a host name, group "
                        "or glob from it; nothing was changed on any host")
@@ -109,7 +109,7 @@ def test_no_target_message_lists_what_exists() -> None:
      "sparkfleet doctor: bad inventory, nothing was changed on any host:\n  a: x\n"),
     (secrets.SecretError("refers to /k, which cannot be read"), "sparkfleet doctor: refers to /k, which cannot be "
                                                                 "read\n"),
-    (doctor.TargetError("--limit x matches no host"), "sparkfleet doctor: --limit x matches no host\n"),
+    (runner.TargetError("--limit x matches no host"), "sparkfleet doctor: --limit x matches no host\n"),
     (PermissionError(13, "Permission denied", "/home/op/.cache/sparkfleet/sums/x.json"),
      "sparkfleet doctor: /home/op/.cache/sparkfleet/sums/x.json: Permission denied on this controller: check the "
      "path and its permissions; nothing was changed on any host\n"),

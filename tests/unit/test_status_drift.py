@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkfleet import drift, manifest, status
+from sparkfleet import drift, manifest, runner, status
 from sparkfleet.config import SparkConfig
 from sparkfleet.endpoint import Endpoint, resolve
 from sparkfleet.remote import status as reporter
@@ -302,7 +302,7 @@ def test_durations(seconds: float | None, text: str) -> None:
 
 
 def test_plan_names_each_hosts_changes_without_the_deploy_prefix() -> None:
-    plan = drift.parse_plan("some noise\n" + DRY_RUN_STDOUT + "\n")
+    plan = drift.parse_plan(runner.read_report("some noise\n" + DRY_RUN_STDOUT + "\n"))
     assert plan is not None
     assert plan.changes == {
         "spark-01": ["Register the nvidia runtime in daemon.json, keeping every other key"],
@@ -311,25 +311,29 @@ def test_plan_names_each_hosts_changes_without_the_deploy_prefix() -> None:
     }
     assert plan.follow_ups == {"spark-01": ["Restart dockerd to load the new daemon.json",
                                             "Check that dockerd came back with the nvidia runtime"]}
-    assert drift.parse_plan("") is None
-    assert drift.parse_plan('[1, 2]\n{"other": 1}') is None
+    assert drift.parse_plan(runner.read_report("")) is None
+    assert drift.parse_plan(runner.read_report('[1, 2]\n{"other": 1}')) is None
 
 
-def test_pyinfra_message_keeps_host_errors_and_the_final_error() -> None:
-    assert drift.pyinfra_message(DRY_RUN_UNREACHABLE) == [
+def _dry_run(stderr: str, returncode: int = 1) -> runner.DeployRun:
+    return runner.DeployRun(["spark-01", "spark-02", "dead-01"], True, returncode, None, stderr)
+
+
+def test_a_failed_dry_run_keeps_host_errors_and_the_final_error() -> None:
+    assert _dry_run(DRY_RUN_UNREACHABLE).message() == [
         "[dead-01] Could not connect ([Errno None] Unable to connect to port 1 on 127.0.0.1)"]
-    message = drift.pyinfra_message(DRY_RUN_BAD_INVENTORY)
+    message = _dry_run(DRY_RUN_BAD_INVENTORY).message()
     assert message[0].startswith("--> pyinfra error in") and "bad inventory" in message[0]
     assert "NOPE, which is not set" in message[1]
-    assert drift.pyinfra_message("--> Loading config...\nsomething odd\n") == ["--> Loading config...",
-                                                                              "something odd"]
+    assert _dry_run("--> Loading config...\nsomething odd\n").message() == ["--> Loading config...",
+                                                                           "something odd"]
 
 
-def test_dry_run_command_passes_limits_one_by_one_and_data() -> None:
-    command = drift.dry_run_command("inventory/lab.py", ["lab_amd64,spark-arm64-01", "x"], ["a=1"])
-    assert command[1:] == ["--dry", "--json", "--limit", "lab_amd64", "--limit", "spark-arm64-01", "--limit",
-                           "x", "--data", "a=1", "inventory/lab.py", str(REPO / "deploy.py")]
-    assert Path(command[0]).name == "pyinfra"
+def test_a_dry_run_is_ok_only_with_exit_0_and_a_plan() -> None:
+    report = runner.read_report(DRY_RUN_STDOUT)
+    assert runner.DeployRun(["spark-01"], True, 0, report, "").ok
+    assert not runner.DeployRun(["spark-01"], True, 1, report, DRY_RUN_UNREACHABLE).ok
+    assert not runner.DeployRun(["spark-01"], True, 0, None, "").ok
 
 
 def test_file_operations_are_named_as_the_facts_expect() -> None:
@@ -422,7 +426,7 @@ def test_exit_codes_and_cron_output() -> None:
 
 def test_host_drift_combines_plan_and_facts() -> None:
     spark = _spark(vllm_image="IMG")
-    plan = drift.parse_plan(DRY_RUN_STDOUT)
+    plan = drift.parse_plan(runner.read_report(DRY_RUN_STDOUT))
     assert plan is not None
     result = drift.host_drift(spark, status.Answer("spark-01", HEALTHY | {"runtime_in_dockerd": False}), plan)
     assert result.lines() == [
