@@ -2,8 +2,9 @@
 
 pyinfra alone runs each operation on every host at once and keeps going after a failure; a fleet of
 one-GPU boxes needs the opposite: one canary, then small batches, and a stop at the first sick batch.
-Each phase is a plain `pyinfra` run (`--limit` to the batch), so what runs is exactly `deploy.py`. With
-`--bench` (or `vllm_bench_gate`), a batch must also serve as fast as before it changed (bench.Gate).
+Each phase is a plain `pyinfra` run of `deploy.py` limited to the batch; snapshots, restores and health
+gates are shell commands over pyinfra's API (both through runner.Runner). With `--bench` (or
+`vllm_bench_gate`), a batch must also serve as fast as before it changed (bench.Gate).
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -24,11 +24,10 @@ from rich.table import Table
 from sparkfleet import bench, tables
 from sparkfleet.deploys.health import CONFIG, STATE_DIR, wait_command
 from sparkfleet.endpoint import ENV_FILE, UNIT
+from sparkfleet.runner import DeployRun, Reply, Runner, load_hosts, quiet_pyinfra
 
-DEPLOY = str(Path(__file__).resolve().parents[1] / "deploy.py")
 KNOWN_GOOD = "/var/lib/sparkfleet/known-good"
 KEPT = (f"/etc/systemd/system/{UNIT}.service", ENV_FILE, CONFIG)
-MARKER = "SPARKFLEET-GATE "
 PHASE = "sparkfleet_phase"
 
 
@@ -86,23 +85,13 @@ def plan_batches(hosts: list[str], canary: int, batch: int) -> list[list[str]]:
     return [head] + [rest[i:i + batch] for i in range(0, len(rest), batch)] if head else []
 
 
-def _pyinfra(inventory: str, args: list[str], limit: list[str], data: list[str]) -> subprocess.CompletedProcess:
-    command = [str(Path(sys.executable).with_name("pyinfra")), "-y", inventory]
-    for host in limit:
-        command += ["--limit", host]
-    for item in data:
-        command += ["--data", item]
-    return subprocess.run([*command, *args], capture_output=True, text=True)
-
-
 def snapshot_command() -> str:
     """Keep the running configuration as last known-good, but only while the endpoint is healthy."""
     files = " ".join(KEPT)
     return (
         f"if systemctl is-active -q {UNIT} && python3 -c \"import json,sys; "
         f"sys.exit(json.load(open('{STATE_DIR}/state.json'))['last_result']['state'] != 'healthy')\"; then "
-        f"mkdir -p -m 700 {KNOWN_GOOD} && cp -p {files} {KNOWN_GOOD}/ && echo {MARKER}saved; "
-        f"else echo {MARKER}none; fi"
+        f"mkdir -p -m 700 {KNOWN_GOOD} && cp -p {files} {KNOWN_GOOD}/; fi"
     )
 
 
@@ -117,40 +106,33 @@ def restore_command() -> str:
 
 
 def gate_command(timeout: int) -> str:
-    """The health checker's wait mode; one marker line per host carries its exit code and last verdict."""
-    return (f"out=$({wait_command(timeout)} 2>&1); rc=$?; "
-            f"echo \"{MARKER}$rc $(printf '%s' \"$out\" | tail -n 1)\"; exit $rc")
+    """The health checker's wait mode; `--json` prints its verdict (a Result) on stdout, its log lines on stderr."""
+    return f"{wait_command(timeout)} --json"
 
 
-def gate_lines(output: str) -> dict[str, tuple[bool, str]]:
-    """Per-host (healthy, verdict) from pyinfra exec output lines `[host] SPARKFLEET-GATE rc verdict`."""
-    verdicts = {}
-    for line in output.splitlines():
-        if MARKER in line and line.lstrip().startswith("["):
-            host = line.split("]", 1)[0].strip().lstrip("[")
-            code, _, verdict = line.split(MARKER, 1)[1].partition(" ")
-            verdicts[host] = (code == "0", re.sub(r"^<\d>", "", verdict.strip()))
-    return verdicts
+def gate_verdict(reply: Reply) -> tuple[bool, str]:
+    """Healthy or not (the checker's exit status), and its verdict in words: endpoint, state and diagnosis."""
+    if reply.error:
+        return False, f"no answer: {reply.error}"
+    # The Result is indented JSON: its opening brace alone on a line, after anything a login shell printed.
+    starts = [i for i, line in enumerate(reply.stdout) if line == "{"]
+    try:
+        result = json.loads("\n".join(reply.stdout[starts[-1]:])) if starts else None
+    except ValueError:
+        result = None
+    if not isinstance(result, dict):
+        said = re.sub(r"^<\d>", "", reply.stderr[-1]) if reply.stderr else "no output"
+        return False, f"the health checker gave no verdict: {said}"
+    return reply.ok, f"{result.get('endpoint')} {result.get('state')}: {result.get('diagnosis')}"
 
 
-def _exec(inventory: str, hosts: list[str], command: str) -> dict[str, tuple[bool, str]]:
-    result = _pyinfra(inventory, ["exec", "--", command], hosts, [])
-    verdicts = gate_lines(result.stdout + result.stderr)
-    return {host: verdicts.get(host, (False, "no answer (host unreachable?)")) for host in hosts}
+def _gate(runner: Runner, hosts: list[str], timeout: int) -> dict[str, tuple[bool, str]]:
+    replies = runner.shell(hosts, gate_command(timeout)) if hosts else {}
+    return {host: gate_verdict(reply) for host, reply in replies.items()}
 
 
-def _gate(inventory: str, hosts: list[str], timeout: int) -> dict[str, tuple[bool, str]]:
-    return _exec(inventory, hosts, gate_command(timeout)) if hosts else {}
-
-
-def _tail(output: str) -> str:
-    """The last error pyinfra reported, for a batch whose deploy itself failed."""
-    errors = [line.strip() for line in output.splitlines() if "Error" in line or "error" in line]
-    return errors[-1] if errors else "the deploy failed"
-
-
-def run(inventory: str, hosts: list[str], serving: set[str], data: list[str], canary: int, batch: int,
-        timeout: int, say: Callable[[str], None], gate: bench.Gate | None = None) -> Rollout:
+def run(runner: Runner, hosts: list[str], serving: set[str], canary: int, batch: int, timeout: int,
+        say: Callable[[str], None], gate: bench.Gate | None = None) -> Rollout:
     """Stage everywhere, then each batch: snapshot, deploy, gate; on a bad batch roll it back and stop.
 
     With a bench `gate`, its hosts in a batch are benched before the batch changes them (when they have no
@@ -160,29 +142,27 @@ def run(inventory: str, hosts: list[str], serving: set[str], data: list[str], ca
         for host in members:
             plan.results[host] = HostResult(host, number)
     say(f"staging weights and images on {len(hosts)} hosts (no restart)")
-    stage = _pyinfra(inventory, [DEPLOY], hosts, [*data, f"{PHASE}=stage"])
-    if stage.returncode != 0:
-        plan.failed_batch = -1
-        for result in plan.results.values():
-            result.outcome, result.diagnosis = "skipped", "staging failed: " + _tail(stage.stdout + stage.stderr)
+    stage = runner.deploy(hosts, [f"{PHASE}=stage"])
+    if not stage.ok:
+        _stage_failed(plan, stage)
         return plan
     for number, members in enumerate(plan.batches):
         say(f"batch {number + 1}/{len(plan.batches)}: {', '.join(members)}")
         benched = [h for h in members if h in serving and h in gate.hosts] if gate else []
         if gate and benched:
             gate.prepare(benched)
-        _exec(inventory, members, snapshot_command())
-        deploy = _pyinfra(inventory, [DEPLOY], members, data)
-        verdicts = _gate(inventory, [h for h in members if h in serving], timeout)
+        runner.shell(members, snapshot_command())
+        deploy = runner.deploy(members)
+        verdicts = _gate(runner, [h for h in members if h in serving], timeout)
         sick = {h: v for h, (ok, v) in verdicts.items() if not ok}
         measured: dict[str, bench.Verdict] = {}
-        if gate and benched and deploy.returncode == 0 and not sick:
+        if gate and benched and deploy.ok and not sick:
             sick = gate.check(benched)
             gate.commit(benched, passed=not sick)
             measured = {host: gate.verdicts[host] for host in benched}
             for host, verdict in measured.items():
                 plan.results[host].bench = verdict.as_dict()
-        if deploy.returncode == 0 and not sick:
+        if deploy.ok and not sick:
             for host in members:
                 plan.results[host].outcome = "updated"
                 plan.results[host].diagnosis = verdicts.get(host, (True, "installed (vllm_start is false)"))[1]
@@ -190,8 +170,7 @@ def run(inventory: str, hosts: list[str], serving: set[str], data: list[str], ca
                     plan.results[host].diagnosis += f"; {measured[host].message()}"
             continue
         plan.failed_batch = number
-        why = _tail(deploy.stdout + deploy.stderr) if deploy.returncode else "passed, rolled back with its batch"
-        _roll_back(plan, inventory, members, serving, sick, why, timeout, say)
+        _roll_back(plan, runner, members, serving, sick, deploy, timeout, say)
         for later in plan.batches[number + 1:]:
             for host in later:
                 plan.results[host].outcome = "skipped"
@@ -200,14 +179,24 @@ def run(inventory: str, hosts: list[str], serving: set[str], data: list[str], ca
     return plan
 
 
-def _roll_back(plan: Rollout, inventory: str, members: list[str], serving: set[str], sick: dict[str, str],
-               deploy_error: str, timeout: int, say: Callable[[str], None]) -> None:
+def _stage_failed(plan: Rollout, stage: DeployRun) -> None:
+    """Nothing was restarted anywhere: every host is skipped, a host that failed staging with pyinfra's why."""
+    plan.failed_batch = -1
+    for result in plan.results.values():
+        result.outcome = "skipped"
+        result.diagnosis = (f"staging failed: {stage.why(result.host)}" if result.host in stage.failed
+                            else f"not touched: staging failed on {', '.join(stage.failed)}")
+
+
+def _roll_back(plan: Rollout, runner: Runner, members: list[str], serving: set[str], sick: dict[str, str],
+               deploy: DeployRun, timeout: int, say: Callable[[str], None]) -> None:
     """Restore the batch's known-good unit, env file and health config, then gate it again."""
     for host in members:
-        plan.results[host].diagnosis = sick.get(host, deploy_error)
+        plan.results[host].diagnosis = sick.get(host) or (
+            f"deploy failed: {deploy.why(host)}" if host in deploy.failed else "passed, rolled back with its batch")
     say(f"batch {plan.failed_batch + 1} failed; restoring its last known-good configuration")
-    _exec(inventory, members, restore_command())
-    verdicts = _gate(inventory, [h for h in members if h in serving], timeout)
+    runner.shell(members, restore_command())
+    verdicts = _gate(runner, [h for h in members if h in serving], timeout)
     for host in members:
         healthy, verdict = verdicts.get(host, (True, ""))
         plan.results[host].outcome = "rolled-back" if healthy else "rollback-failed"
@@ -238,9 +227,9 @@ def main(args: argparse.Namespace) -> int:
 
     A `--limit` that targets no host raises runner.TargetError before anything runs (the CLI prints it)."""
     from sparkfleet.fleet import FleetError, load_fleet
-    from sparkfleet.runner import load_hosts
 
     console = Console(stderr=args.json)
+    quiet_pyinfra()
     state, hosts = load_hosts(args.inventory, args.limit, args.data)
     try:
         endpoints, _ = load_fleet({host.name: host.data.dict() for host in hosts})
@@ -257,7 +246,8 @@ def main(args: argparse.Namespace) -> int:
     gated = {host.name: host for host in hosts if args.bench or endpoints[host.name].config.vllm_bench_gate}
     gate = bench.Gate(state, gated, endpoints, bench.Load(args.bench_concurrency, args.bench_duration),
                       args.bench_tolerance, say) if gated else None
-    plan = run(args.inventory, names, serving, args.data, args.canary, args.batch, timeout, say, gate)
+    runner = Runner(args.inventory, state, hosts, args.data)
+    plan = run(runner, names, serving, args.canary, args.batch, timeout, say, gate)
     if args.json:
         sys.stdout.write(json.dumps(plan.as_json(), indent=2) + "\n")
     else:

@@ -23,6 +23,7 @@ from sparkfleet.recipes import Expected, load_recipes
 from sparkfleet.remote import status as reporter
 from tests.lab.standins.model import generate_checkpoint
 from tests.lab.standins.vllm_data import write_image_data
+from tests.unit.test_rollout import FakeRunner
 from tests.unit.test_vllm_standin import KEY, RECIPE, SERVED, Standin, free_port, standin_argv, standin_env
 
 REPO = Path(__file__).resolve().parents[2]
@@ -408,7 +409,7 @@ def test_the_gate_catches_a_removed_kernel_flag_and_passes_a_harmless_change(
     assert (last["run"], last["known_good"]) == ("gate", True)
 
 
-def test_a_failed_bench_gate_rolls_the_batch_back(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failed_bench_gate_rolls_the_batch_back() -> None:
     """The rollout's wiring: reference before the change, bench after the health gate, restore on a drop."""
     calls: list[str] = []
 
@@ -426,21 +427,10 @@ def test_a_failed_bench_gate_rolls_the_batch_back(monkeypatch: pytest.MonkeyPatc
         def commit(self, members: list[str], passed: bool) -> None:
             calls.append(f"commit {members} {passed}")
 
-    def pyinfra(inventory: str, args: list[str], limit: list[str], data: list[str]) -> SimpleNamespace:
-        calls.append("stage" if any("phase=stage" in item for item in data) else f"deploy {limit}")
-        return SimpleNamespace(returncode=0, stdout="", stderr="")
-
-    def execute(inventory: str, hosts: list[str], command: str) -> dict[str, tuple[bool, str]]:
-        calls.append(("snapshot" if "known-good" in command and "mkdir" in command else
-                      "restore" if "known-good" in command else "health") + f" {hosts}")
-        return {host: (True, "healthy") for host in hosts}
-
-    monkeypatch.setattr(rollout, "_pyinfra", pyinfra)
-    monkeypatch.setattr(rollout, "_exec", execute)
-    plan = rollout.run("inv.py", ["s1", "s2"], {"s1", "s2"}, [], 1, 1, 60, lambda line: None,
-                       FakeGate())  # type: ignore[arg-type]
-    assert calls == ["stage", "prepare ['s1']", "snapshot ['s1']", "deploy ['s1']", "health ['s1']",
-                     "check ['s1']", "commit ['s1'] False", "restore ['s1']", "health ['s1']"]
+    plan = rollout.run(FakeRunner(calls=calls), ["s1", "s2"], {"s1", "s2"}, 1, 1, 60,  # type: ignore[arg-type]
+                       lambda line: None, FakeGate())  # type: ignore[arg-type]
+    assert calls == ["stage s1 s2", "prepare ['s1']", "snapshot s1", "deploy s1", "gate s1", "check ['s1']",
+                     "commit ['s1'] False", "restore s1", "gate s1"]
     assert plan.failed_batch == 0
     assert (plan.results["s1"].outcome, plan.results["s2"].outcome) == ("rolled-back", "skipped")
     assert plan.results["s1"].diagnosis == "bench dropped: MTP acceptance 83.6% → 55.2% (-34%); config since the " \

@@ -1,32 +1,188 @@
-"""Rollout planning and the parsing of its health-gate verdicts."""
+"""Rollout: its batches, its health gate's verdicts, and the whole run against a fake runner.
+
+The fake stands in for runner.Runner: it records what the rollout asks for, in order, and answers as the
+real one would (a deploy's DeployRun with pyinfra's report and stderr, a shell command's Reply per host).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
 
 import pytest
 
-from sparkfleet.rollout import MARKER, gate_lines, plan_batches
+from sparkfleet import rollout
+from sparkfleet.runner import DeployRun, Reply
 
 HOSTS = ["s1", "s2", "s3", "s4", "s5"]
+HEALTHY = {"endpoint": "sparkfleet-vllm", "state": "healthy", "diagnosis": "/health ok"}
+CRASHING = {"endpoint": "sparkfleet-vllm", "state": "unhealthy",
+            "diagnosis": "FP8 kernels crash on GB10 with this image (cutlass_scaled_mm: Error Internal)"}
+PULL = "Install the vLLM endpoint service | Pull vllm/vllm-openai:v0.29.0 now, never on boot"
 
 
 def test_canary_first_then_batches_in_inventory_order() -> None:
-    assert plan_batches(HOSTS, canary=1, batch=2) == [["s1"], ["s2", "s3"], ["s4", "s5"]]
-    assert plan_batches(HOSTS, canary=2, batch=1) == [["s1", "s2"], ["s3"], ["s4"], ["s5"]]
-    assert plan_batches(HOSTS[:1], canary=1, batch=1) == [["s1"]]
-    assert plan_batches([], canary=1, batch=1) == []
+    assert rollout.plan_batches(HOSTS, canary=1, batch=2) == [["s1"], ["s2", "s3"], ["s4", "s5"]]
+    assert rollout.plan_batches(HOSTS, canary=2, batch=1) == [["s1", "s2"], ["s3"], ["s4"], ["s5"]]
+    assert rollout.plan_batches(HOSTS[:1], canary=1, batch=1) == [["s1"]]
+    assert rollout.plan_batches([], canary=1, batch=1) == []
 
 
 def test_batch_sizes_below_one_are_refused() -> None:
     with pytest.raises(ValueError, match="at least 1"):
-        plan_batches(HOSTS, canary=0, batch=1)
+        rollout.plan_batches(HOSTS, canary=0, batch=1)
 
 
-def test_gate_lines_read_each_hosts_verdict() -> None:
-    output = "\n".join([
-        "--> Starting operation: Server/Shell",
-        f"    [spark-01] {MARKER}0 <6>sparkfleet-vllm healthy: /health ok",
-        f"    [spark-02] {MARKER}1 <4>sparkfleet-vllm unhealthy: FP8 kernels crash on GB10 with this image",
-        "    [spark-03] Error: executed 0 commands",
-    ])
-    verdicts = gate_lines(output)
-    assert verdicts["spark-01"] == (True, "sparkfleet-vllm healthy: /health ok")
-    assert verdicts["spark-02"] == (False, "sparkfleet-vllm unhealthy: FP8 kernels crash on GB10 with this image")
-    assert "spark-03" not in verdicts
+# --- the health gate's verdict -------------------------------------------------------------------------
+
+
+def _checker(host: str, result: dict, ok: bool, noise: Sequence[str] = ()) -> Reply:
+    """The health checker's answer in --json mode: its Result on stdout, its log line on stderr."""
+    return Reply(host, ok, [*noise, *json.dumps(result, indent=2).splitlines()], [f"<6>{result['diagnosis']}"])
+
+
+def test_the_gate_reads_the_checkers_json_verdict() -> None:
+    assert rollout.gate_verdict(_checker("s1", HEALTHY, True, ["Welcome to the Spark {lab}"])) == (
+        True, "sparkfleet-vllm healthy: /health ok")
+    assert rollout.gate_verdict(_checker("s1", CRASHING, False)) == (
+        False, "sparkfleet-vllm unhealthy: FP8 kernels crash on GB10 with this image (cutlass_scaled_mm: Error "
+               "Internal)")
+
+
+def test_a_gate_without_a_verdict_fails_with_what_was_said() -> None:
+    bad_config = Reply("s1", False, [], ["<3>sparkfleet health: bad config: /etc/sparkfleet/health.json: missing"])
+    assert rollout.gate_verdict(bad_config) == (
+        False, "the health checker gave no verdict: sparkfleet health: bad config: /etc/sparkfleet/health.json: "
+               "missing")
+    assert rollout.gate_verdict(Reply("s1", False, error="cannot connect over SSH (timed out)")) == (
+        False, "no answer: cannot connect over SSH (timed out)")
+    assert rollout.gate_verdict(Reply("s1", False)) == (False, "the health checker gave no verdict: no output")
+
+
+# --- the whole run, against a fake runner --------------------------------------------------------------
+
+
+def failed_run(names: Sequence[str], failing: Iterable[str]) -> DeployRun:
+    """A deploy where `failing` hosts fail pulling the image, as pyinfra reports it: with its JSON report while
+    some host is left, without one when none is."""
+    failing = [name for name in names if name in failing]
+    stderr = "--> Starting operation: " + PULL + "\n" + "".join(
+        f"    [{name}] Error response from daemon: manifest unknown\n    [{name}] Error: executed 0 commands\n"
+        for name in failing)
+    if len(failing) == len(names):
+        return DeployRun(list(names), False, 1, None, stderr + "--> pyinfra error: No hosts remaining!\n")
+    report = {"plan": [], "results": {"operations": [], "totals": {}, "failed_hosts": failing}}
+    return DeployRun(list(names), False, 1, report, stderr)
+
+
+class FakeRunner:
+    """Deploys fail on `broken` hosts (on `stage_broken` in the stage phase); gates find `sick` hosts unhealthy,
+    and `still_sick` ones unhealthy again after the restore. `calls` lists what was asked, in order."""
+
+    def __init__(self, broken: Iterable[str] = (), sick: Iterable[str] = (), still_sick: Iterable[str] = (),
+                 stage_broken: Iterable[str] = (), calls: list[str] | None = None) -> None:
+        self.broken, self.sick, self.still_sick = set(broken), set(sick), set(still_sick)
+        self.stage_broken = set(stage_broken)
+        self.calls = [] if calls is None else calls  # a list shared with other fakes keeps one order
+
+    def deploy(self, names: Sequence[str], data: Sequence[str] = (), dry: bool = False) -> DeployRun:
+        stage = f"{rollout.PHASE}=stage" in data
+        self.calls.append(f"{'stage' if stage else 'deploy'} {' '.join(names)}")
+        failing = self.stage_broken if stage else self.broken
+        if failing & set(names):
+            return failed_run(names, failing)
+        return DeployRun(list(names), False, 0, {"plan": [], "results": {"failed_hosts": []}}, "")
+
+    def shell(self, names: Sequence[str], command: str) -> dict[str, Reply]:
+        kind = {rollout.snapshot_command(): "snapshot", rollout.restore_command(): "restore"}.get(command, "gate")
+        restored = any(call.startswith("restore ") for call in self.calls)
+        self.calls.append(f"{kind} {' '.join(names)}")
+        if kind != "gate":
+            return {name: Reply(name, True) for name in names}
+        sick = self.still_sick if restored else self.sick
+        return {name: _checker(name, CRASHING, False) if name in sick else _checker(name, HEALTHY, True)
+                for name in names}
+
+
+def _run(fake: FakeRunner, hosts: list[str] = HOSTS[:4], serving: Iterable[str] = HOSTS, canary: int = 1,
+         batch: int = 2) -> rollout.Rollout:
+    return rollout.run(fake, hosts, set(serving), canary, batch, 60, lambda line: None)  # type: ignore[arg-type]
+
+
+def _outcomes(plan: rollout.Rollout) -> dict[str, tuple[str, str]]:
+    return {host: (result.outcome, result.diagnosis) for host, result in plan.results.items()}
+
+
+def test_every_batch_healthy_updates_every_host() -> None:
+    fake = FakeRunner()
+    plan = _run(fake, serving=["s1", "s2", "s3"])
+    assert fake.calls == ["stage s1 s2 s3 s4", "snapshot s1", "deploy s1", "gate s1", "snapshot s2 s3",
+                          "deploy s2 s3", "gate s2 s3", "snapshot s4", "deploy s4"]  # s4 does not serve: no gate
+    assert plan.failed_batch is None
+    assert _outcomes(plan) == {"s1": ("updated", "sparkfleet-vllm healthy: /health ok"),
+                               "s2": ("updated", "sparkfleet-vllm healthy: /health ok"),
+                               "s3": ("updated", "sparkfleet-vllm healthy: /health ok"),
+                               "s4": ("updated", "installed (vllm_start is false)")}
+
+
+def test_a_sick_batch_rolls_back_only_itself_and_skips_the_rest() -> None:
+    fake = FakeRunner(sick=["s3"])
+    plan = _run(fake, hosts=HOSTS)
+    assert fake.calls == ["stage s1 s2 s3 s4 s5", "snapshot s1", "deploy s1", "gate s1", "snapshot s2 s3",
+                          "deploy s2 s3", "gate s2 s3", "restore s2 s3", "gate s2 s3"]
+    assert plan.failed_batch == 1
+    assert _outcomes(plan) == {
+        "s1": ("updated", "sparkfleet-vllm healthy: /health ok"),
+        "s2": ("rolled-back", "passed, rolled back with its batch"),
+        "s3": ("rolled-back", f"sparkfleet-vllm unhealthy: {CRASHING['diagnosis']}"),
+        "s4": ("skipped", "not touched: batch 2 failed"),
+        "s5": ("skipped", "not touched: batch 2 failed"),
+    }
+    assert plan.as_json()["failed_batch"] == 1 and [h["outcome"] for h in plan.as_json()["hosts"]] == [
+        "updated", "rolled-back", "rolled-back", "skipped", "skipped"]
+
+
+def test_a_host_still_sick_after_its_restore_is_a_failed_rollback() -> None:
+    plan = _run(FakeRunner(sick=["s1"], still_sick=["s1"]))
+    assert plan.failed_batch == 0
+    outcome, diagnosis = _outcomes(plan)["s1"]
+    assert outcome == "rollback-failed"
+    assert diagnosis == f"sparkfleet-vllm unhealthy: {CRASHING['diagnosis']}; after rollback: sparkfleet-vllm " \
+                        f"unhealthy: {CRASHING['diagnosis']}"
+
+
+def test_a_failed_deploy_says_where_and_why_while_its_healthy_batchmate_just_rolls_back() -> None:
+    fake = FakeRunner(broken=["s3"])
+    plan = _run(fake)
+    assert fake.calls[-3:] == ["gate s2 s3", "restore s2 s3", "gate s2 s3"]  # gated even so, then restored
+    assert _outcomes(plan)["s2"] == ("rolled-back", "passed, rolled back with its batch")
+    assert _outcomes(plan)["s3"] == ("rolled-back", f"deploy failed: {PULL}: Error response from daemon: manifest "
+                                                    "unknown; Error: executed 0 commands")
+
+
+def test_a_canary_whose_deploy_failed_everywhere_is_diagnosed_from_pyinfras_lines() -> None:
+    """pyinfra prints no report when every host failed; the diagnosis still names the step and its error."""
+    plan = _run(FakeRunner(broken=["s1"]))
+    assert plan.failed_batch == 0
+    assert _outcomes(plan)["s1"] == ("rolled-back", f"deploy failed: {PULL}: Error response from daemon: manifest "
+                                                    "unknown; Error: executed 0 commands")
+    assert {outcome for outcome, _ in list(_outcomes(plan).values())[1:]} == {"skipped"}
+
+
+def test_the_gate_verdict_wins_over_the_deploy_error_for_a_sick_host() -> None:
+    plan = _run(FakeRunner(broken=["s1"], sick=["s1"]))
+    assert _outcomes(plan)["s1"][1].startswith(f"sparkfleet-vllm unhealthy: {CRASHING['diagnosis']}")
+
+
+def test_a_failed_stage_touches_nothing() -> None:
+    fake = FakeRunner(stage_broken=["s2"])
+    plan = _run(fake)
+    assert fake.calls == ["stage s1 s2 s3 s4"]  # no snapshot, deploy, gate or restore anywhere
+    assert plan.failed_batch == -1
+    assert _outcomes(plan) == {
+        "s1": ("skipped", "not touched: staging failed on s2"),
+        "s2": ("skipped", f"staging failed: {PULL}: Error response from daemon: manifest unknown; Error: executed 0 "
+                          "commands"),
+        "s3": ("skipped", "not touched: staging failed on s2"),
+        "s4": ("skipped", "not touched: staging failed on s2"),
+    }
