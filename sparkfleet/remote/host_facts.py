@@ -35,14 +35,14 @@ TCP_LISTEN = "0A"
 DOCKERD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # dockerd's PATH under systemd
 
 
-def run(*argv: str) -> tuple[int | None, str, str] | None:
+def run(*argv: str, timeout: float | None = TIMEOUT) -> tuple[int | None, str, str] | None:
     """(exit code, stdout, stderr) of a command; None when it is not installed, code None on timeout."""
     if shutil.which(argv[0]) is None:
         return None
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT)
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        return None, "", f"{argv[0]} did not answer within {TIMEOUT} s"
+        return None, "", f"{argv[0]} did not answer within {timeout} s"
     return done.returncode, done.stdout, done.stderr
 
 
@@ -284,12 +284,12 @@ def apt_sources(url: str) -> dict[str, list[str]]:
 
 
 def installed_versions(packages: list[str]) -> dict[str, str]:
-    """Installed version of each package that dpkg has fully installed."""
+    """Installed version of each package that dpkg has fully installed (held or not)."""
     result = run("dpkg-query", "-W", "-f=${Package} ${db:Status-Abbrev} ${Version}\n", *packages)
     versions = {}
     for line in result[1].splitlines() if result else ():
         parts = line.split()
-        if len(parts) == 3 and parts[1].startswith("ii"):
+        if len(parts) == 3 and parts[1][1:2] == "i":  # installed: `ii`, or `hi` when held (apt-mark hold)
             versions[parts[0]] = parts[2]
     return versions
 
@@ -320,7 +320,8 @@ def weights_check(script: str, args: list[str]) -> dict[str, Any]:
     """The installed staging script's verdict on the weights; absent before the script is installed."""
     if not Path(script).is_file():
         return {"state": "absent"}
-    result = run("python3", script, "check", *args)
+    # `check --full` re-hashes every file (minutes for a 37 GB checkpoint): no time limit then.
+    result = run("python3", script, "check", *args, timeout=None if "--full" in args else TIMEOUT)
     if result is None or result[0] != 0:
         return {"state": "error", "error": first_line(result[2], result[1]) if result else "python3 is missing"}
     try:

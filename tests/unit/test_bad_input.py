@@ -147,15 +147,6 @@ def test_spark_facts_that_are_not_json_are_a_fact_error() -> None:
     assert SparkFacts().process(['{"arch": "arm64", "dropin_texts": {}}']) == {"arch": "arm64", "dropins": {}}
 
 
-def test_an_unreadable_host_state_stops_the_step_with_a_message(monkeypatch: pytest.MonkeyPatch) -> None:
-    """pyinfra returns None for a fact that failed; an operation must fail with words, not a TypeError."""
-    monkeypatch.setattr(operations, "current", lambda: None)
-    commands = [str(c) for c in operations.weights_staged._inner(script="/s.py", dest="/var/lib/m", source=MIRROR,
-                                                                   verify="fast")]
-    assert commands == ["echo 'the host state could not be read (see the error above); nothing was changed' >&2; "
-                        "exit 1"]
-
-
 def test_a_weights_check_without_a_verdict_stops_the_step_with_a_message(monkeypatch: pytest.MonkeyPatch) -> None:
     verdict = {"state": "error", "error": "it printed 'Traceback', not one JSON object"}
     state = HostState({"state": {"weights": verdict}})
