@@ -17,6 +17,7 @@ from typing import Any
 
 from pyinfra import host, state
 from pyinfra.api import Host, State
+from pyinfra.context import ctx_state
 
 from sparkfleet.preflight import SparkFacts
 
@@ -88,7 +89,7 @@ class HostState:
 
 def register(query: StateQuery, preflight: dict[str, Any]) -> None:
     """Say what this host's operations will read (the preflight does, before any operation is queued)."""
-    _queries[(id(state), host.name)] = {**preflight, "state": query.as_dict()}
+    _queries[(id(ctx_state.get()), host.name)] = {**preflight, "state": query.as_dict()}
 
 
 def changes_so_far(state: State, host: Host) -> int:
@@ -99,12 +100,24 @@ def changes_so_far(state: State, host: Host) -> int:
 
 def current() -> HostState | None:
     """This host's state as of now; None when the host-side script gave no usable answer (pyinfra printed why
-    and failed the host)."""
-    key = (id(state), host.name)
+    and failed the host).
+
+    A re-read after a change leaves the weights verdict out and keeps the first one: only the weights step
+    changes the weights, nothing reads them after it, and with `weights_verify=full` the check re-hashes tens
+    of gigabytes.
+    """
+    key = (id(ctx_state.get()), host.name)
     if key not in _queries:
         raise RuntimeError("sparkfleet's operations need the preflight (check_host) to run first on this host")
     changes = changes_so_far(state, host)
-    if key not in _readings or _readings[key][0] != changes:
-        facts = host.get_fact(SparkFacts, query=json.dumps(_queries[key], sort_keys=True))
-        _readings[key] = (changes, HostState(facts) if facts is not None else None)
+    if key in _readings and _readings[key][0] == changes:
+        return _readings[key][1]
+    earlier = _readings[key][1] if key in _readings else None
+    query = _queries[key]
+    if key in _readings:
+        query = {**query, "state": {**query["state"], "weights_args": None}}
+    facts = host.get_fact(SparkFacts, query=json.dumps(query, sort_keys=True))
+    if facts is not None and earlier is not None and "weights" in earlier.facts.get("state", {}):
+        facts.setdefault("state", {})["weights"] = earlier.facts["state"]["weights"]
+    _readings[key] = (changes, HostState(facts) if facts is not None else None)
     return _readings[key][1]

@@ -143,7 +143,8 @@ def unit_state(unit: str, running: bool, enabled: bool):
 @operation()
 def apt_source(path: str, line: str):
     """
-    An apt source line in a one-line source file (pyinfra's apt.repo: the line added when the file lacks it).
+    An apt source line in a one-line source file, replacing any other active line there for the same URL (two
+    lines with different `signed-by` for one repository break `apt update`: "Conflicting values").
 
     + path: /etc/apt/sources.list.d/<name>.list
     + line: `deb [signed-by=...] URL SUITE`
@@ -154,7 +155,9 @@ def apt_source(path: str, line: str):
     if " ".join(line.split()) in (" ".join(existing.split()) for existing in lines):
         host.noop(f"{path} names the repository")
         return
-    yield StringCommand(f"printf '%s\\n' {shlex.quote(line)} >> {shlex.quote(path)}")
+    url = next(word for word in line.split() if "://" in word)
+    kept = [old for old in lines if url not in old or old.lstrip().startswith("#")]
+    yield from _put(found, "".join(f"{text}\n" for text in [*kept, line]), path, "644")
 
 
 @operation()

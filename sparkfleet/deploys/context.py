@@ -11,6 +11,7 @@ from typing import TypeVar
 from pyinfra import host, logger, state
 from pyinfra.api import Host
 from pyinfra.api.operation import OperationMeta
+from pyinfra.context import ctx_state
 
 from sparkfleet.endpoint import Endpoint
 from sparkfleet.fleet import load_fleet
@@ -56,7 +57,7 @@ def once_per_host(read: Callable[..., T]) -> Callable[..., T]:
 
     @functools.wraps(read)
     def cached(*args: object) -> T:
-        key = (id(state), host.name)
+        key = (id(ctx_state.get()), host.name)
         if key not in readings:
             readings[key] = read(*args)
         return readings[key]
@@ -66,7 +67,7 @@ def once_per_host(read: Callable[..., T]) -> Callable[..., T]:
 
 def endpoint_for(host: Host) -> Endpoint:
     """This host's endpoint; the first call validates every targeted host, so one bad host stops all."""
-    key = id(state)
+    key = id(ctx_state.get())
     if key not in _fleets:
         hosts = {h.name: h.data.dict() for h in state.inventory.iter_activated_hosts()}
         _fleets[key], warnings = load_fleet(hosts)

@@ -11,8 +11,8 @@ from sparkfleet.operations import RUNTIME
 def state_query(spark: Endpoint) -> StateQuery:
     """Every file, unit and fact a step of deploy.py compares against on this host."""
     files = (
-        toolkit.PIN, runtime.DAEMON_JSON, ETC, service.UPLOADS, ENV_FILE, f"/etc/systemd/system/{UNIT}.service",
-        weights.SCRIPT, health.CHECKER, health.STATUS, health.CONFIG,
+        toolkit.PIN, toolkit.source_file(), runtime.DAEMON_JSON, ETC, service.UPLOADS, ENV_FILE,
+        f"/etc/systemd/system/{UNIT}.service", weights.SCRIPT, health.CHECKER, health.STATUS, health.CONFIG,
         *(f"/etc/systemd/system/{health.HEALTH}.{kind}" for kind in ("service", "timer")),
         *([weights.sums_file(spark)] if spark.model_source.startswith("/") else []),
     )

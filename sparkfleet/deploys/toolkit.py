@@ -41,6 +41,10 @@ def pin_text(version: str) -> str:
             f"Package: {' '.join(PACKAGES)}\nPin: version {version}\nPin-Priority: 1001\n")
 
 
+def source_file() -> str:
+    return f"/etc/apt/sources.list.d/{SOURCE}.list"
+
+
 def repo_url(spark: Endpoint) -> str:
     """NVIDIA's repository without the per-architecture part, as any source file naming it has it."""
     return spark.config.nvidia_repo_url.split("$(ARCH)")[0].rstrip("/")
@@ -50,7 +54,7 @@ def repo_url(spark: Endpoint) -> str:
 def install_toolkit(spark: Endpoint) -> None:
     config = spark.config
     version = config.nvidia_toolkit_version
-    ours = f"/etc/apt/sources.list.d/{SOURCE}.list"
+    ours = source_file()
     found = current()
     others = [path for path in (found.get("apt_sources", {}) if found else {}) if path != ours]
     if others:

@@ -276,11 +276,13 @@ def keyring_fingerprints(path: str) -> list[str]:
 
 
 def apt_sources(url: str) -> dict[str, list[str]]:
-    """Every apt source file (one-line and deb822) that names the repository URL, with its lines."""
+    """Every apt source file (one-line and deb822) that names the repository URL on a line that is not a comment,
+    with all its lines (a commented-out source, as a release upgrade leaves it, is no source)."""
     paths = [Path("/etc/apt/sources.list"), *sorted(Path("/etc/apt/sources.list.d").glob("*.list")),
              *sorted(Path("/etc/apt/sources.list.d").glob("*.sources"))]
-    texts = {str(path): path.read_text(errors="replace") for path in paths if path.is_file()}
-    return {path: text.splitlines() for path, text in texts.items() if url in text}
+    texts = {str(path): path.read_text(errors="replace").splitlines() for path in paths if path.is_file()}
+    return {path: lines for path, lines in texts.items()
+            if any(url in line and not line.lstrip().startswith("#") for line in lines)}
 
 
 def installed_versions(packages: list[str]) -> dict[str, str]:
@@ -364,6 +366,8 @@ def deploy_state(query: dict[str, Any]) -> dict[str, Callable[[], Any]]:
         "weights_loaded": lambda: weights_loaded(query["manifest"], query["loaded_weights"]),
         "login_user": login_user,
     }
+    if query.get("weights_args") is None:
+        del probes["weights"]  # a re-read after a change keeps the first verdict (host_state.current)
     return probes
 
 

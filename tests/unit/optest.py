@@ -119,7 +119,7 @@ def host_state(state: dict[str, Any] | None, probe_errors: dict[str, str] | None
     test an operation against a reading the host-side script would never give)."""
     if state is None:
         return None
-    unknown = set(state) - set(host_facts.deploy_state({}))
+    unknown = set(state) - set(host_facts.deploy_state({"weights_args": []}))
     assert not unknown, f"{sorted(unknown)} are not probes of remote/host_facts.py deploy_state"
     files = {path: _file(path, entry) for path, entry in state.get("files", {}).items()}
     return HostState({"state": {**state, "files": files} if "files" in state else state,

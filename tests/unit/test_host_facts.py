@@ -157,7 +157,8 @@ def test_keyring_fingerprints_of_a_missing_or_unreadable_keyring(tmp_path: Path,
 
 
 def test_apt_sources_are_the_files_naming_the_repository(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """One-line and deb822 files, with their lines; files about other repositories and backups are left out."""
+    """One-line and deb822 files, with their lines; files about other repositories, backups and files that name it
+    only in a comment (a release upgrade's disabled source) are left out."""
     etc = tmp_path / "etc" / "apt"
     (etc / "sources.list.d").mkdir(parents=True)
     url = "https://nvidia.github.io/libnvidia-container/stable/deb"
@@ -167,6 +168,7 @@ def test_apt_sources_are_the_files_naming_the_repository(tmp_path: Path, monkeyp
     (etc / "sources.list.d" / "cuda.sources").write_text(f"Types: deb\nURIs: {url}/$(ARCH)\nSuites: /\n")
     (etc / "sources.list.d" / "ubuntu.sources").write_text("Types: deb\nURIs: http://ports.ubuntu.com/\n")
     (etc / "sources.list.d" / "nvidia-container-toolkit.list.save").write_text(f"{ours}\n")
+    (etc / "sources.list.d" / "nvidia-old.list").write_text(f"# {ours} # disabled on upgrade to noble\n")
     real = Path
     monkeypatch.setattr(host_facts, "Path", lambda path: real(f"{tmp_path}{path}") if str(path).startswith("/etc/apt")
                         else real(path))
@@ -310,7 +312,7 @@ def test_the_deploys_query_is_answered_and_a_broken_probe_is_named(tmp_path: Pat
     query = json.loads(json.dumps({**preflight_query(spark), "state": state_query(spark).as_dict()}))
     facts = host_facts.gather(query)
     assert {key: error for key, error in facts["probe_errors"].items() if key.startswith("state.")} == {}
-    assert set(facts["state"]) == set(host_facts.deploy_state({}))
+    assert set(facts["state"]) == set(host_facts.deploy_state({"weights_args": []}))
     assert HostState(facts).problem is None
 
     def broken(path: str) -> dict:
