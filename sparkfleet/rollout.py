@@ -151,7 +151,11 @@ def run(runner: Runner, hosts: list[str], serving: set[str], canary: int, batch:
         benched = [h for h in members if h in serving and h in gate.hosts] if gate else []
         if gate and benched:
             gate.prepare(benched)
-        runner.shell(members, snapshot_command())
+        unsaved = {host: reply.error or "; ".join(reply.stderr[-2:]) or "the command failed"
+                   for host, reply in runner.shell(members, snapshot_command()).items() if not reply.ok}
+        if unsaved:
+            _not_saved(plan, number, unsaved)
+            break
         deploy = runner.deploy(members)
         verdicts = _gate(runner, [h for h in members if h in serving], timeout)
         sick = {h: v for h, (ok, v) in verdicts.items() if not ok}
@@ -177,6 +181,19 @@ def run(runner: Runner, hosts: list[str], serving: set[str], canary: int, batch:
                 plan.results[host].diagnosis = f"not touched: batch {number + 1} failed"
         break
     return plan
+
+
+def _not_saved(plan: Rollout, number: int, unsaved: dict[str, str]) -> None:
+    """A host whose known-good configuration could not be saved is not deployed: a rollback would restore an
+    older one. Its batch and every later one stay as they are."""
+    plan.failed_batch = number
+    for later in plan.batches[number:]:
+        for host in later:
+            plan.results[host].outcome = "skipped"
+            plan.results[host].diagnosis = (
+                f"not touched: its known-good configuration could not be saved ({unsaved[host]})" if host in unsaved
+                else f"not touched: batch {number + 1} could not save {', '.join(sorted(unsaved))}'s known-good "
+                     "configuration")
 
 
 def _stage_failed(plan: Rollout, stage: DeployRun) -> None:

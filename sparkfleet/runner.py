@@ -143,9 +143,11 @@ def load_hosts(inventory: str, limits: Iterable[str], data: Iterable[str]) -> tu
     ctx_inventory.set(hosts)
     patterns = split_limits(limits)
     targeted = select(hosts, patterns) if patterns else list(hosts)
-    if not targeted:
+    # A typo beside a good pattern would quietly drop a host from a rollout: every pattern must match.
+    unmatched = [pattern for pattern in patterns if not select(hosts, [pattern])]
+    if not targeted or unmatched:
         groups = [name for name, members in hosts.groups.items() if members]
-        raise TargetError(no_target(inventory, patterns, [host.name for host in hosts], groups))
+        raise TargetError(no_target(inventory, unmatched or patterns, [host.name for host in hosts], groups))
     state.init(hosts, config, initial_limit=targeted if patterns else None)
     return state, targeted
 

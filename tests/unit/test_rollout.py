@@ -80,8 +80,10 @@ class FakeRunner:
     and `still_sick` ones unhealthy again after the restore. `calls` lists what was asked, in order."""
 
     def __init__(self, broken: Iterable[str] = (), sick: Iterable[str] = (), still_sick: Iterable[str] = (),
-                 stage_broken: Iterable[str] = (), calls: list[str] | None = None) -> None:
+                 stage_broken: Iterable[str] = (), calls: list[str] | None = None,
+                 unsaved: Iterable[str] = ()) -> None:
         self.broken, self.sick, self.still_sick = set(broken), set(sick), set(still_sick)
+        self.unsaved = set(unsaved)  # hosts whose snapshot fails
         self.stage_broken = set(stage_broken)
         self.calls = [] if calls is None else calls  # a list shared with other fakes keeps one order
 
@@ -98,7 +100,8 @@ class FakeRunner:
         restored = any(call.startswith("restore ") for call in self.calls)
         self.calls.append(f"{kind} {' '.join(names)}")
         if kind != "gate":
-            return {name: Reply(name, True) for name in names}
+            return {name: Reply(name, name not in self.unsaved or kind != "snapshot", stderr=["cp: No space left"])
+                    for name in names}
         sick = self.still_sick if restored else self.sick
         return {name: _checker(name, CRASHING, False) if name in sick else _checker(name, HEALTHY, True)
                 for name in names}
@@ -185,4 +188,18 @@ def test_a_failed_stage_touches_nothing() -> None:
                           "commands"),
         "s3": ("skipped", "not touched: staging failed on s2"),
         "s4": ("skipped", "not touched: staging failed on s2"),
+    }
+
+
+def test_a_host_whose_known_good_cannot_be_saved_is_not_deployed() -> None:
+    """A rollback would restore an older known-good: the batch stops before any change, and so does the rollout."""
+    fake = FakeRunner(unsaved=["s3"])
+    plan = _run(fake)
+    assert fake.calls == ["stage s1 s2 s3 s4", "snapshot s1", "deploy s1", "gate s1", "snapshot s2 s3"]
+    assert plan.failed_batch == 1
+    assert _outcomes(plan) == {
+        "s1": ("updated", "sparkfleet-vllm healthy: /health ok"),
+        "s2": ("skipped", "not touched: batch 2 could not save s3's known-good configuration"),
+        "s3": ("skipped", "not touched: its known-good configuration could not be saved (cp: No space left)"),
+        "s4": ("skipped", "not touched: batch 2 could not save s3's known-good configuration"),
     }

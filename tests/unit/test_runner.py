@@ -104,6 +104,13 @@ def test_targets_are_the_hosts_the_pyinfra_cli_would_act_on(tmp_path: Path) -> N
     assert list(ours[1]["hosts"]) == ["@fake/spark-01", "@fake/spark-02", "@fake/gpu-01"]  # inventory order
 
 
+def test_a_limit_pattern_that_matches_nothing_is_an_error_beside_good_ones(tmp_path: Path) -> None:
+    """pyinfra only warns; a typo in a rollout's --limit would quietly leave a host out."""
+    (tmp_path / "fleet.py").write_text(FLEET)
+    (answer,) = _load(tmp_path, [(["gpu,spakr-02"], [])])
+    assert answer["error"].startswith("--limit spakr-02 matches no host in fleet.py (hosts: ")
+
+
 def test_data_overrides_parse_as_pyinfra_parses_them(tmp_path: Path) -> None:
     (tmp_path / "fleet.py").write_text(FLEET)
     data = ["vllm_port=9000", "vllm_start=false", 'vllm_args={"max-num-seqs": 3}', "model_dir=/srv/m", "x=1.5",
