@@ -36,8 +36,7 @@ from pyinfra.context import ctx_config, ctx_inventory, ctx_state
 
 from sparkfleet.config import InventoryError
 
-REPO = Path(__file__).resolve().parents[1]
-DEPLOY = REPO / "deploy.py"
+REPO = Path(__file__).resolve().parents[1]  # the checkout, for an editable install
 SSH_ERRORS = (PyinfraError, OSError, SSHException)
 T = TypeVar("T")
 
@@ -232,7 +231,14 @@ def deploy_command(inventory: str, limits: Iterable[str], data: Iterable[str], d
         command += ["--limit", pattern]
     for item in data:
         command += ["--data", item]
-    return [*command, inventory, str(DEPLOY)]
+    return [*command, inventory, str(deploy_file())]
+
+
+def deploy_file() -> Path:
+    """deploy.py of the repository the command runs from, as `pyinfra INVENTORY deploy.py` finds it there; else
+    the one beside an editable install (a `pip install .` copy of sparkfleet has no deploy.py of its own)."""
+    here = Path.cwd() / "deploy.py"
+    return here if here.is_file() else REPO / "deploy.py"
 
 
 def environment() -> dict[str, str]:

@@ -177,6 +177,15 @@ def test_the_deploy_command_line() -> None:
     assert runner.environment()["PYTHONPATH"].split(os.pathsep)[0] == str(REPO)
 
 
+def test_the_deploy_file_is_the_one_of_the_repository_the_command_runs_from(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A `pip install .` copy of sparkfleet has no deploy.py: fleet commands run from the repository, as pyinfra."""
+    monkeypatch.chdir(tmp_path)
+    assert runner.deploy_file() == REPO / "deploy.py"  # none here: the editable checkout's
+    (tmp_path / "deploy.py").write_text("")
+    assert runner.deploy_file() == tmp_path / "deploy.py"
+
+
 DEPLOY = """\
 from pyinfra import host
 from pyinfra.operations import server
@@ -194,8 +203,7 @@ def fake_fleet(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> runner.Runner
     inventory.write_text(f'sparks = [("@fake/spark-01", {{"fake_delay": 0}}), '
                          f'("@fake/spark-02", {{"fake_delay": 0, "fake_responses": {failing!r}}})]\n')
     (tmp_path / "deploy.py").write_text(DEPLOY)
-    monkeypatch.setattr(runner, "DEPLOY", tmp_path / "deploy.py")
-    monkeypatch.chdir(tmp_path)
+    monkeypatch.chdir(tmp_path)  # the deploy.py of the directory the command runs from
     state = State(Inventory((["@fake/spark-01", "@fake/spark-02"], {})), Config())
     return runner.Runner(str(inventory), state, list(state.inventory), ["greeting=hello"])
 
