@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
-from sparkfleet.config import SparkConfig
+from sparkfleet.config import ModelSource, SparkConfig
 from sparkfleet.recipes import FlagValue, Recipe, load_recipes
 from sparkfleet.vllm_flags import normalize
 
@@ -54,8 +54,10 @@ class Endpoint:
         return f"{self.recipe.model.id}@{self.recipe.model.revision}"
 
     @property
-    def model_source(self) -> str:
-        return self.config.model_source or f"hf://{self.model_revision}"
+    def source(self) -> ModelSource:
+        """model_source, else the recipe's model on the Hub at its pinned revision."""
+        model = self.recipe.model
+        return self.config.model_source or ModelSource("hub", repo=model.id, revision=model.revision)
 
 
 def resolve(host: str, config: SparkConfig) -> Endpoint:

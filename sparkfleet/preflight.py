@@ -117,8 +117,8 @@ def flag_key(flag: str) -> str:
 def checkpoint_size(endpoint: Endpoint) -> int:
     """Bytes the weights take on the Spark: the real size of a controller directory (the lab stages a ~1 GiB
     stand-in), otherwise the recipe's checkpoint_bytes (mirrors and the Hub are not asked)."""
-    source = Path(endpoint.model_source)
-    if endpoint.model_source.startswith("/") and source.is_dir():
+    source = Path(endpoint.source.path) if endpoint.source.kind == "controller" else None
+    if source is not None and source.is_dir():
         files = (p for p in source.rglob("*") if p.is_file() and p.name not in SKIP and not p.name.startswith("."))
         return sum(p.stat().st_size for p in files)
     return endpoint.recipe.model.checkpoint_bytes

@@ -14,7 +14,7 @@ def state_query(spark: Endpoint) -> StateQuery:
         toolkit.PIN, runtime.DAEMON_JSON, ETC, service.UPLOADS, ENV_FILE, f"/etc/systemd/system/{UNIT}.service",
         weights.SCRIPT, health.CHECKER, health.STATUS, health.CONFIG,
         *(f"/etc/systemd/system/{health.HEALTH}.{kind}" for kind in ("service", "timer")),
-        *([weights.sums_file(spark)] if spark.model_source.startswith("/") else []),
+        *([weights.sums_file(spark)] if spark.source.kind == "controller" else []),
     )
     return StateQuery(
         files=files, units=(f"{UNIT}.service", f"{health.HEALTH}.timer"), runtime=RUNTIME,
