@@ -9,8 +9,11 @@ from sparkfleet.config import ModelSource, SparkConfig
 from sparkfleet.recipes import FlagValue, Recipe, load_recipes
 from sparkfleet.vllm_flags import normalize
 
+# Where the endpoint lives on a Spark: the one home of these names, passed to the scripts that run there.
 UNIT = "sparkfleet-vllm"
+UNIT_FILE = f"/etc/systemd/system/{UNIT}.service"
 CONTAINER = "sparkfleet-vllm"
+DAEMON_JSON = "/etc/docker/daemon.json"  # dockerd's configuration, where the nvidia runtime is registered
 ETC = "/etc/sparkfleet"
 ENV_FILE = f"{ETC}/vllm.env"
 MODEL_MOUNT = "/models"

@@ -15,7 +15,7 @@ from typing import Any
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
-from sparkfleet.endpoint import CONTAINER, UNIT, Endpoint
+from sparkfleet.endpoint import CONTAINER, DAEMON_JSON, UNIT, Endpoint
 from sparkfleet.facts import json_object
 from sparkfleet.manifest import SKIP
 from sparkfleet.memory import budget, gb
@@ -33,7 +33,6 @@ POWER_CAP_WARN_WATTS = 100.0
 # check compares that reading, so the preflight keeps the same margin.
 VLLM_FREE_GAP = int(2.7 * 2**30)
 ENDPOINT_STATES = ("active", "activating", "reloading", "deactivating")  # the unit holds its memory
-DAEMON_JSON = "/etc/docker/daemon.json"
 # dockerd flags whose daemon.json key is not the long flag name without its dashes (dockerd's own mapping).
 FLAG_KEYS = {
     "--add-runtime": "runtimes", "--registry-mirror": "registry-mirrors", "--insecure-registry": "insecure-registries",
