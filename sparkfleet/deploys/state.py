@@ -12,7 +12,7 @@ def state_query(spark: Endpoint) -> StateQuery:
     """Every file, unit and fact a step of deploy.py compares against on this host."""
     files = (
         toolkit.PIN, DAEMON_JSON, ETC, service.UPLOADS, ENV_FILE, UNIT_FILE,
-        weights.SCRIPT, health.CHECKER, health.STATUS, health.CONFIG,
+        weights.SCRIPT, health.COMMON, health.CHECKER, health.STATUS, health.CONFIG,
         *(f"/etc/systemd/system/{health.HEALTH}.{kind}" for kind in ("service", "timer")),
         *([weights.sums_file(spark)] if spark.source.kind == "controller" else []),
     )
