@@ -964,6 +964,19 @@ def test_bad_new_keys_exit_2(harness: Harness, extra: dict[str, Any]) -> None:
     assert done.stderr.startswith("<3>sparkfleet health: bad config: ")
 
 
+def test_the_checker_runs_as_installed_beside_common(tmp_path: Path) -> None:
+    """As systemd runs it (`python3 healthcheck.py --config ...`), it imports common.py from its own directory."""
+    for name in ("healthcheck.py", "common.py"):
+        (tmp_path / name).write_text((SCRIPT.parent / name).read_text())
+    done = subprocess.run([sys.executable, str(tmp_path / "healthcheck.py"), "--config", str(tmp_path / "none.json")],
+                          capture_output=True, text=True, timeout=30, check=False)
+    assert done.returncode == 2 and done.stderr.startswith("<3>sparkfleet health: bad config: cannot read ")
+    (tmp_path / "common.py").unlink()
+    done = subprocess.run([sys.executable, str(tmp_path / "healthcheck.py"), "--config", str(tmp_path / "none.json")],
+                          capture_output=True, text=True, timeout=30, check=False)
+    assert "No module named 'common'" in done.stderr  # what a host without it would say: the deploy installs it
+
+
 def test_the_deploys_config_carries_the_new_keys_and_loads(tmp_path: Path) -> None:
     from sparkfleet.config import SparkConfig
     from sparkfleet.deploys.health import health_config

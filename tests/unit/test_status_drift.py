@@ -7,7 +7,9 @@ import http.server
 import io
 import json
 import shlex
+import shutil
 import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -269,6 +271,19 @@ def test_reporter_on_a_bare_host_reports_nulls(host_files: Path, capsys: pytest.
     assert report["metrics"] is False
     assert report["runtime_in_daemon_json"] is False
     assert report["weights"] == {"state": "absent"}
+
+
+def test_reporter_runs_as_installed_beside_common(tmp_path: Path) -> None:
+    """The deploy installs the scripts together in one directory: `import common` finds its sibling there."""
+    lib, empty = tmp_path / "lib", tmp_path / "bin"
+    lib.mkdir()
+    empty.mkdir()
+    for name in ("status.py", "common.py"):
+        shutil.copy(REPO / "sparkfleet" / "remote" / name, lib / name)
+    done = subprocess.run([sys.executable, str(lib / "status.py"), *layout_args(tmp_path)], capture_output=True,
+                          text=True, env={"PATH": str(empty)}, timeout=60)  # no systemctl, docker or dpkg here
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.removeprefix(reporter.MARKER))["state"] is None
 
 
 def test_reporter_runs_the_weights_check_fast(host_files: Path, tmp_path: Path) -> None:
