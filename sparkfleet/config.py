@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import difflib
 import re
+from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainValidator, ValidationError
 
 from sparkfleet.recipes import FlagValue, load_recipes
 
@@ -35,13 +36,6 @@ def _absolute(value: str) -> str:
         raise ValueError(f"{value!r} is relative; give an absolute path on the Spark's local NVMe, e.g. "
                          "/var/lib/sparkfleet/models/qwen3.6")
     return value
-
-
-def _model_source(value: str) -> str:
-    if value.startswith(("hf://", "http://", "https://", "/")):
-        return value
-    raise ValueError(f"{value!r} is not a model source; use hf://org/name@revision, an http(s) mirror URL "
-                     "or an absolute directory on the controller")
 
 
 # What RFC 3986 lets a URL hold as written (anything else is percent-encoded), less the single quote.
@@ -71,6 +65,60 @@ def _web_url(value: str, expands: str = "") -> str:
 
 def _apt_repo_url(value: str) -> str:
     return _web_url(value, expands=ARCH)
+
+
+_HUB_REPO = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")  # `name` or `org/name`, as the Hub spells them
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where the weights come from, parsed once from `model_source`; each consumer asks its kind, not its text.
+
+    mirror: an http(s) base URL whose SHA256SUMS lists every file; controller: a directory on the machine
+    running sparkfleet, rsynced over SSH; hub: `hf://org/name@revision`, refused by the source.hf rule until
+    staging from the Hub is implemented.
+    """
+
+    kind: Literal["mirror", "controller", "hub"]
+    url: str | None = None  # mirror; each part is None for the other kinds, so a misread fails loudly
+    path: str | None = None  # controller
+    repo: str | None = None  # hub: org/name
+    revision: str | None = None  # hub: branch, tag or commit
+
+    @classmethod
+    def parse(cls, text: str) -> ModelSource:
+        """The source `text` names; ValueError, saying which forms exist, for anything else."""
+        if text.startswith(("http://", "https://")):
+            return cls("mirror", url=_web_url(text))
+        if text.startswith("hf://"):
+            repo, at, revision = text.removeprefix("hf://").rpartition("@")
+            if not (at and _HUB_REPO.fullmatch(repo) and revision and not any(c.isspace() for c in revision)):
+                raise ValueError(f"{text!r} does not name a Hub repository and revision; give "
+                                 "hf://org/name@revision (a branch, tag or commit)")
+            return cls("hub", repo=repo, revision=revision)
+        if PurePosixPath(text).is_absolute():
+            return cls("controller", path=text)
+        raise ValueError(f"{text!r} is not a model source; use hf://org/name@revision, an http(s) mirror URL "
+                         "or an absolute directory on the controller")
+
+    @property
+    def sums_url(self) -> str:
+        """A mirror's SHA256SUMS: every file of the checkpoint with its sha256."""
+        if self.url is None:
+            raise ValueError(f"{self} is not a mirror: it has no SHA256SUMS")
+        return self.url.rstrip("/") + "/SHA256SUMS"
+
+    def __str__(self) -> str:
+        return f"hf://{self.repo}@{self.revision}" if self.kind == "hub" else str(self.url or self.path)
+
+
+def _model_source(value: object) -> ModelSource | None:
+    if value is None or isinstance(value, ModelSource):
+        return value
+    if not isinstance(value, str):
+        raise ValueError("give the source as a string: hf://org/name@revision, an http(s) mirror URL or an "
+                         "absolute directory on the controller")
+    return ModelSource.parse(value)
 
 
 SecretRef = Annotated[str, AfterValidator(_secret_ref)]
@@ -117,7 +165,7 @@ class SparkConfig(BaseModel):
     hf_token: SecretRef | None = Field(
         None, description="Where the Hugging Face token comes from (hf:// sources of gated models).",
         examples=["file:~/.config/sparkfleet/hf_token"])
-    model_source: Annotated[str, AfterValidator(_model_source)] | None = Field(
+    model_source: Annotated[ModelSource | None, PlainValidator(_model_source)] = Field(
         None, description="Where weights come from: an http(s) mirror with SHA256SUMS, or a directory on the "
         "controller; hf://org/name@rev (the default: the recipe's model on the Hub) is refused until implemented.",
         examples=["http://mirror.lan/models/qwen3.6-nvfp4"])

@@ -72,12 +72,12 @@ def parse_plan(report: dict[str, Any] | None) -> Plan | None:
 
 def weights_args(spark: Endpoint) -> list[str] | None:
     """`stage_weights.py check` arguments for the wanted weights, as the deploy's weights step builds them."""
-    source = spark.model_source
-    if source.startswith(("http://", "https://")):
-        wanted = ["--sums-url", source.rstrip("/") + "/SHA256SUMS"]
-    elif source.startswith("/"):
+    source = spark.source
+    if source.kind == "mirror":
+        wanted = ["--sums-url", source.sums_url]
+    elif source.kind == "controller":
         try:
-            wanted = ["--digest", controller_sums(Path(source))[1]]
+            wanted = ["--digest", controller_sums(Path(source.path))[1]]
         except OSError:
             return None  # the dry run reports the unreadable source
     else:

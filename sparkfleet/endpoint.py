@@ -5,12 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
-from sparkfleet.config import SparkConfig
+from sparkfleet.config import ModelSource, SparkConfig
 from sparkfleet.recipes import FlagValue, Recipe, load_recipes
 from sparkfleet.vllm_flags import normalize
 
+# Where the endpoint lives on a Spark: the one home of these names, passed to the scripts that run there.
 UNIT = "sparkfleet-vllm"
+UNIT_FILE = f"/etc/systemd/system/{UNIT}.service"
 CONTAINER = "sparkfleet-vllm"
+DAEMON_JSON = "/etc/docker/daemon.json"  # dockerd's configuration, where the nvidia runtime is registered
 ETC = "/etc/sparkfleet"
 ENV_FILE = f"{ETC}/vllm.env"
 MODEL_MOUNT = "/models"
@@ -54,8 +57,10 @@ class Endpoint:
         return f"{self.recipe.model.id}@{self.recipe.model.revision}"
 
     @property
-    def model_source(self) -> str:
-        return self.config.model_source or f"hf://{self.model_revision}"
+    def source(self) -> ModelSource:
+        """model_source, else the recipe's model on the Hub at its pinned revision."""
+        model = self.recipe.model
+        return self.config.model_source or ModelSource("hub", repo=model.id, revision=model.revision)
 
 
 def resolve(host: str, config: SparkConfig) -> Endpoint:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from sparkfleet.endpoint import Endpoint
 from sparkfleet.recipes import FlagValue, ModelShape
-from sparkfleet.vllm_flags import parse_size, read_number
+from sparkfleet.vllm_flags import read_number
 
 GiB = 2**30
 KiB = 2**10
@@ -101,11 +101,6 @@ class Budget:
         """Most batched tokens whose activations still fit beside everything else; 0 when none do."""
         room = self.available - (self.total - self.activations)
         return max(0, room // ACTIVATION_BYTES_PER_BATCHED_TOKEN)
-
-
-def parse_tokens(value: FlagValue) -> int:
-    """A token count as vLLM reads it: an int, or a size string like "128k" (128000) or "128K" (131072)."""
-    return parse_size(value)
 
 
 def kv_bytes_per_value(kv_cache_dtype: str) -> int:

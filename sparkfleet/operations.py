@@ -16,6 +16,7 @@ from pathlib import Path
 from pyinfra import host
 from pyinfra.api import FileUploadCommand, RsyncCommand, StringCommand, operation
 
+from sparkfleet.config import ModelSource
 from sparkfleet.host_state import HostState, current
 
 
@@ -298,12 +299,12 @@ def image_pulled(image: str):
 
 
 @operation()
-def weights_staged(script: str, dest: str, source: str, verify: str, sums_file: str = ""):
+def weights_staged(script: str, dest: str, source: ModelSource, verify: str, sums_file: str = ""):
     """
     Stage model weights into `dest`: verified by sha256, resumable, and never fetched twice.
 
     + script: the staging script on the Spark (its `check` verdict comes with the host state)
-    + source: http(s) mirror base URL (with SHA256SUMS) or a directory on the controller
+    + source: an http(s) mirror (with SHA256SUMS) or a directory on the controller
     + verify: `fast` (sizes and mtimes) or `full` (re-hash every file)
     + sums_file: for a controller directory: the uploaded SHA256SUMS
     """
@@ -320,16 +321,15 @@ def weights_staged(script: str, dest: str, source: str, verify: str, sums_file: 
         host.noop(f"weights in {dest} match the manifest ({result['files']} files)")
         return
     full = ["--full"] if verify == "full" else []
-    if source.startswith(("http://", "https://")):
-        yield shlex.join(["python3", script, "stage", "--dest", dest, "--sums-url",
-                          source.rstrip("/") + "/SHA256SUMS", *full])
+    if source.kind == "mirror":
+        yield shlex.join(["python3", script, "stage", "--dest", dest, "--sums-url", source.sums_url, *full])
         return
     staging = f"{dest}/.staging"
     yield f"mkdir -p {shlex.quote(staging)}"
     # --compare-dest skips files already in place (same size and mtime): only what is missing travels.
     flags = ["-a", "--partial", f"--compare-dest={dest}/", "--exclude=.*", "--exclude=SHA256SUMS",
              *(["--checksum"] if full else [])]
-    yield RsyncCommand(source.rstrip("/") + "/", staging + "/", flags)
+    yield RsyncCommand(source.path.rstrip("/") + "/", staging + "/", flags)
     yield shlex.join(["python3", script, "stage", "--dest", dest, "--sums-file", sums_file, "--staged", staging,
                       *full])
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
-from sparkfleet.endpoint import CONTAINER, UNIT, Endpoint
+from sparkfleet.endpoint import CONTAINER, DAEMON_JSON, UNIT, Endpoint
 from sparkfleet.facts import json_object
 from sparkfleet.manifest import SKIP
 from sparkfleet.memory import budget, gb
@@ -33,7 +33,6 @@ POWER_CAP_WARN_WATTS = 100.0
 # check compares that reading, so the preflight keeps the same margin.
 VLLM_FREE_GAP = int(2.7 * 2**30)
 ENDPOINT_STATES = ("active", "activating", "reloading", "deactivating")  # the unit holds its memory
-DAEMON_JSON = "/etc/docker/daemon.json"
 # dockerd flags whose daemon.json key is not the long flag name without its dashes (dockerd's own mapping).
 FLAG_KEYS = {
     "--add-runtime": "runtimes", "--registry-mirror": "registry-mirrors", "--insecure-registry": "insecure-registries",
@@ -117,8 +116,8 @@ def flag_key(flag: str) -> str:
 def checkpoint_size(endpoint: Endpoint) -> int:
     """Bytes the weights take on the Spark: the real size of a controller directory (the lab stages a ~1 GiB
     stand-in), otherwise the recipe's checkpoint_bytes (mirrors and the Hub are not asked)."""
-    source = Path(endpoint.model_source)
-    if endpoint.model_source.startswith("/") and source.is_dir():
+    source = Path(endpoint.source.path) if endpoint.source.kind == "controller" else None
+    if source is not None and source.is_dir():
         files = (p for p in source.rglob("*") if p.is_file() and p.name not in SKIP and not p.name.startswith("."))
         return sum(p.stat().st_size for p in files)
     return endpoint.recipe.model.checkpoint_bytes

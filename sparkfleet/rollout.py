@@ -23,11 +23,11 @@ from rich.table import Table
 
 from sparkfleet import bench, tables
 from sparkfleet.deploys.health import CONFIG, STATE_DIR, wait_command
-from sparkfleet.endpoint import ENV_FILE, UNIT
+from sparkfleet.endpoint import ENV_FILE, UNIT, UNIT_FILE
 from sparkfleet.runner import DeployRun, Reply, Runner, load_hosts, quiet_pyinfra
 
 KNOWN_GOOD = "/var/lib/sparkfleet/known-good"
-KEPT = (f"/etc/systemd/system/{UNIT}.service", ENV_FILE, CONFIG)
+KEPT = (UNIT_FILE, ENV_FILE, CONFIG)
 PHASE = "sparkfleet_phase"
 
 

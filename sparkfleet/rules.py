@@ -334,13 +334,13 @@ memory_budget = memory_budget_for(SPARK_MEMORY_BYTES)
 def model_source(endpoint: Endpoint, flags: FlagSet) -> Iterator[Finding]:
     """Staging from the Hub is not implemented yet, and a controller directory must hold the weights: say so
     before anything runs (the weights step comes after the toolkit and runtime steps have changed the host)."""
-    source = endpoint.model_source
-    if source.startswith("hf://"):
+    source = endpoint.source
+    if source.kind == "hub":
         yield Finding("source.hf", "error", "model_source",
                       f"{source}: staging from the Hugging Face Hub is not supported yet; set "
                       "model_source to an http(s) mirror with SHA256SUMS or a directory on the controller")
-    elif source.startswith("/"):
-        yield from _controller_source(Path(source))
+    elif source.kind == "controller":
+        yield from _controller_source(Path(source.path))
 
 
 def _controller_source(path: Path) -> Iterator[Finding]:

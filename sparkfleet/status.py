@@ -18,11 +18,17 @@ from pyinfra.api.facts import FactBase, get_fact
 from rich.console import Console
 from rich.markup import escape
 
+from sparkfleet.deploys.health import CONFIG
 from sparkfleet.deploys.health import STATUS as SCRIPT
+from sparkfleet.endpoint import CONTAINER, DAEMON_JSON, ENV_FILE, LOADED_WEIGHTS, UNIT, UNIT_FILE
 from sparkfleet.runner import SSH_ERRORS, cannot_connect, connected, each, load_hosts, quiet_pyinfra
 from sparkfleet.tables import Column, print_folded
 
 MARKER = "SPARKFLEET-STATUS "  # the reporter's line prefix (remote/status.py MARKER)
+# Where the endpoint's files are, told to the reporter on every call (it keeps no copy of them).
+LAYOUT = shlex.join(["--unit", f"{UNIT}.service", "--container", CONTAINER, "--unit-file", UNIT_FILE,
+                     "--env-file", ENV_FILE, "--daemon-json", DAEMON_JSON, "--health-config", CONFIG,
+                     "--loaded-weights", LOADED_WEIGHTS])
 NOT_INSTALLED = {"installed": False}
 COLOURS = {"active": "green", "activating": "yellow", "reloading": "yellow", "failed": "bold red"}
 
@@ -44,7 +50,7 @@ class EndpointStatus(FactBase):
 
     def command(self, args: str) -> str:
         missing = shlex.quote(MARKER + json.dumps(NOT_INSTALLED))
-        return f"if [ -f {SCRIPT} ]; then python3 {SCRIPT} {args}; else echo {missing}; fi"
+        return f"if [ -f {SCRIPT} ]; then python3 {SCRIPT} {LAYOUT} {args}; else echo {missing}; fi"
 
     def process(self, output: list[str]) -> dict[str, Any] | None:
         return extract(output)

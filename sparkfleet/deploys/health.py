@@ -16,22 +16,24 @@ from sparkfleet.operations import managed_file, unit_state
 
 CHECKER = f"{LIB}/healthcheck.py"
 STATUS = f"{LIB}/status.py"  # read-only reporter that `sparkfleet status` and `drift` run
+COMMON = f"{LIB}/common.py"  # what both share; each imports it from its own directory
 CONFIG = f"{ETC}/health.json"
 STATE_DIR = "/var/lib/sparkfleet/health"
 HEALTH = "sparkfleet-health"
 
 
 def health_config(spark: Endpoint) -> dict[str, object]:
-    """The checker's configuration: no secrets (those come from the env file)."""
+    """The checker's configuration, every key of it (the checker has no defaults): no secrets, those come from
+    the env file."""
     config = spark.config
     return {
         "endpoint": UNIT, "unit": f"{UNIT}.service", "container": CONTAINER,
-        "url": f"http://127.0.0.1:{config.vllm_port}", "served_model_name": spark.served_name,
+        "url": f"http://127.0.0.1:{config.vllm_port}", "served_model_name": spark.served_name, "env_file": ENV_FILE,
         "load_window_seconds": spark.recipe.load_timeout_seconds, "interval_seconds": config.health_interval_seconds,
         "deep_every": config.health_deep_every, "timeout_seconds": 5, "deep_timeout_seconds": 60,
         "alert_after": config.health_alert_after, "textfile_dir": config.health_textfile_dir,
         "state_dir": STATE_DIR, "log_lines": 1000, "renotify_minutes": config.health_renotify_minutes,
-        "min_mem_available_gib": config.health_min_mem_available_gib,
+        "min_mem_available_gib": config.health_min_mem_available_gib, "busy_sample_seconds": 5,
     }
 
 
@@ -39,6 +41,8 @@ def health_config(spark: Endpoint) -> dict[str, object]:
 def install_healthcheck(spark: Endpoint) -> None:
     if staging_only(host):
         return
+    managed_file(name="Install the helpers the health checker and status reporter share",
+                 src=str(REMOTE / "common.py"), dest=COMMON, mode="644")
     managed_file(name="Install the health checker", src=str(REMOTE / "healthcheck.py"), dest=CHECKER, mode="755")
     managed_file(name="Install the status reporter that `sparkfleet status` and `sparkfleet drift` run",
                  src=str(REMOTE / "status.py"), dest=STATUS, mode="755")

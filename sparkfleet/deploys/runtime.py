@@ -25,11 +25,10 @@ from sparkfleet.deploys.context import (
     will_change,
 )
 from sparkfleet.deploys.toolkit import PACKAGES, installed_toolkit
-from sparkfleet.endpoint import CONTAINER, Endpoint
+from sparkfleet.endpoint import CONTAINER, DAEMON_JSON, Endpoint
 from sparkfleet.host_state import current
 from sparkfleet.operations import docker_runtime, restart_keys, runtime_mode, wanted_daemon_json
 
-DAEMON_JSON = "/etc/docker/daemon.json"
 RUNTIME_CONFIG = "/etc/nvidia-container-runtime/config.toml"
 
 

@@ -11,7 +11,7 @@ from pyinfra.operations import server, systemd
 
 from sparkfleet import secrets
 from sparkfleet.deploys.context import TEMPLATES, activations, restart_triggers, staging_only, will_change
-from sparkfleet.endpoint import ENV_FILE, ETC, UNIT, Endpoint
+from sparkfleet.endpoint import ENV_FILE, ETC, UNIT, UNIT_FILE, Endpoint
 from sparkfleet.host_state import current
 from sparkfleet.operations import image_pulled, managed_directory, managed_file, unit_state
 from sparkfleet.unit import UnitView
@@ -53,7 +53,7 @@ def install_service(spark: Endpoint) -> None:
     unit = managed_file(
         name=f"Render the {UNIT} unit from the {spark.recipe.name} recipe",
         src=io.StringIO(get_template(str(TEMPLATES / "vllm" / f"{UNIT}.service.j2")).render(spark=UnitView.of(spark))),
-        dest=f"/etc/systemd/system/{UNIT}.service", mode="644",
+        dest=UNIT_FILE, mode="644",
     )
     triggers.append(unit)
     # daemon-reload can detach GPUs from running containers (toolkit #48): only when the unit changed.

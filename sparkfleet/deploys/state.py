@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from sparkfleet.deploys import health, runtime, service, toolkit, weights
-from sparkfleet.endpoint import ENV_FILE, ETC, LOADED_WEIGHTS, MANIFEST, UNIT, Endpoint
+from sparkfleet.endpoint import DAEMON_JSON, ENV_FILE, ETC, LOADED_WEIGHTS, MANIFEST, UNIT, UNIT_FILE, Endpoint
 from sparkfleet.host_state import StateQuery
 from sparkfleet.operations import RUNTIME
 
@@ -11,10 +11,10 @@ from sparkfleet.operations import RUNTIME
 def state_query(spark: Endpoint) -> StateQuery:
     """Every file, unit and fact a step of deploy.py compares against on this host."""
     files = (
-        toolkit.PIN, toolkit.source_file(), runtime.DAEMON_JSON, ETC, service.UPLOADS, ENV_FILE,
-        f"/etc/systemd/system/{UNIT}.service", weights.SCRIPT, health.CHECKER, health.STATUS, health.CONFIG,
+        toolkit.PIN, toolkit.source_file(), DAEMON_JSON, ETC, service.UPLOADS, ENV_FILE, UNIT_FILE,
+        weights.SCRIPT, health.COMMON, health.CHECKER, health.STATUS, health.CONFIG,
         *(f"/etc/systemd/system/{health.HEALTH}.{kind}" for kind in ("service", "timer")),
-        *([weights.sums_file(spark)] if spark.model_source.startswith("/") else []),
+        *([weights.sums_file(spark)] if spark.source.kind == "controller" else []),
     )
     return StateQuery(
         files=files, units=(f"{UNIT}.service", f"{health.HEALTH}.timer"), runtime=RUNTIME,

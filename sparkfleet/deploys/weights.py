@@ -24,9 +24,9 @@ def sums_file(spark: Endpoint) -> str:
 def check_args(spark: Endpoint) -> list[str]:
     """`stage_weights.py check` arguments for the wanted weights (a controller directory's manifest digest is
     computed here, cached by size and mtime); the deploy and `sparkfleet drift` ask the same question."""
-    source = spark.model_source
-    wanted = (["--sums-url", source.rstrip("/") + "/SHA256SUMS"] if source.startswith(("http://", "https://"))
-              else ["--digest", controller_sums(Path(source))[1]])
+    source = spark.source
+    wanted = (["--sums-url", source.sums_url] if source.kind == "mirror"
+              else ["--digest", controller_sums(Path(source.path))[1]])
     return ["--dest", spark.weights_dir, *wanted, *(["--full"] if spark.config.weights_verify == "full" else [])]
 
 
@@ -34,10 +34,10 @@ def check_args(spark: Endpoint) -> list[str]:
 def stage_weights(spark: Endpoint) -> None:
     managed_file(name="Install the weight staging script", src=str(REMOTE / "stage_weights.py"), dest=SCRIPT,
                  mode="755")
-    source = spark.model_source
-    if source.startswith("/"):
+    source = spark.source
+    if source.kind == "controller":
         managed_file(name="Upload the weights manifest computed on the controller",
-                     src=io.StringIO(controller_sums(Path(source))[0]), dest=sums_file(spark), mode="644")
+                     src=io.StringIO(controller_sums(Path(source.path))[0]), dest=sums_file(spark), mode="644")
     staged = weights_staged(
         name=f"Stage {spark.recipe.model.id} into {spark.weights_dir} and verify every file",
         script=SCRIPT, dest=spark.weights_dir, source=source, verify=spark.config.weights_verify,

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """sparkfleet health check for the vLLM endpoint of one DGX Spark.
 
-Installed as /usr/local/lib/sparkfleet/healthcheck.py and run every 30 s by sparkfleet-health.timer. It is
-stdlib-only on purpose: it runs on a bare Ubuntu 24.04 / Debian 12 python3, with no sparkfleet installed.
+Installed into /usr/local/lib/sparkfleet beside common.py and run by sparkfleet-health.timer with the health.json
+the deploy writes (every value in it comes from the controller). It is stdlib-only on purpose: it runs on a bare
+Ubuntu 24.04 / Debian 12 python3, with no sparkfleet installed.
 
 An open port is not health (vllm #39863): the check walks from the systemd unit to /health, /v1/models and,
 every Nth run, a real 1-token completion, then turns a failure plus the logs of the engine's current start into
@@ -22,9 +23,7 @@ import http.client
 import json
 import os
 import re
-import shlex
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,12 +34,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
-DEFAULT_CONFIG = "/etc/sparkfleet/health.json"
+try:
+    from .common import DIRECT, run, samples  # imported as sparkfleet.remote.healthcheck (the controller's tests)
+except ImportError:
+    from common import DIRECT, run, samples  # run as a script, beside common.py
+
 HEALTHY, STARTING, UNHEALTHY = "healthy", "starting", "unhealthy"
 STATES = (HEALTHY, STARTING, UNHEALTHY)
 EXIT_OK, EXIT_UNHEALTHY, EXIT_BAD_CONFIG = 0, 1, 2
 ERR, WARNING, NOTICE, INFO = 3, 4, 5, 6
 COMMAND_TIMEOUT = 30  # seconds: a wedged dockerd must not wedge the check
+MEMINFO = "/proc/meminfo"
 WEBHOOK_TIMEOUT = 10
 EVIDENCE_KEEP = 50  # a flapping endpoint must not fill the disk with evidence files
 UNIT_PROPERTIES = (
@@ -54,108 +58,100 @@ GIB = 2**30
 # What /metrics says about the engine's load when a completion times out (vLLM's own names).
 RUNNING, WAITING = "vllm:num_requests_running", "vllm:num_requests_waiting"
 TOKEN_COUNTERS = ("vllm:generation_tokens_total", "vllm:prompt_tokens_total")
-_SAMPLE = re.compile(r"^(?P<name>[A-Za-z_:][\w:]*)(?:\{[^}]*\})?\s+(?P<value>\S+)")
 TEXTFILE_NAME = "sparkfleet_health.prom"
-# Local probes must not follow an http_proxy from the service environment.
-_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 # --- configuration -------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class Config:
-    """health.json as the deploy writes it; secrets never live here, they come from the environment."""
+class Expected:
+    """What one health.json value must be: its JSON types, and for numbers whether 0 is allowed."""
 
-    endpoint: str
-    unit: str
-    container: str
-    url: str
-    served_model_name: str
-    load_window_seconds: float = 900
-    interval_seconds: float = 30
-    deep_every: int = 10
-    timeout_seconds: float = 5
-    deep_timeout_seconds: float = 60
-    alert_after: int = 3
-    textfile_dir: str | None = "/var/lib/node_exporter/textfile_collector"
-    state_dir: str = "/var/lib/sparkfleet/health"
-    log_lines: int = 1000
-    renotify_minutes: int = 60  # repeat an open alert this often; 0 alerts once per incident
-    min_mem_available_gib: float = 4.0  # host MemAvailable floor; 0 disables the check
-    busy_sample_seconds: float = 5  # gap between the two /metrics reads that tell busy from hung
+    types: tuple[type, ...]
+    description: str
+    positive: bool = False  # numbers: above 0 (otherwise 0 or more)
+
+    def accepts(self, value: object) -> bool:
+        if isinstance(value, bool) or not isinstance(value, self.types):
+            return False  # bool is an int to Python, never to us
+        if isinstance(value, str):
+            return bool(value.strip())
+        if isinstance(value, (int, float)):
+            return value > 0 if self.positive else value >= 0
+        return True  # null, where it is allowed
+
+
+TEXT = Expected((str,), "a non-empty string")
+TEXT_OR_NULL = Expected((str, type(None)), "a non-empty string or null")
+COUNT = Expected((int,), "a whole number above 0", positive=True)
+WHOLE = Expected((int,), "a whole number, 0 or more")
+SECONDS = Expected((int, float), "a number above 0", positive=True)
+AMOUNT = Expected((int, float), "a number, 0 or more")
+
+
+def _value(expected: Expected) -> Any:
+    return field(metadata={"expected": expected})
+
+
+@dataclass(frozen=True)
+class Config:
+    """health.json as the deploy writes it, every key required (sparkfleet's deploys/health.py is the home of
+    their values); secrets never live here, they come from the environment."""
+
+    endpoint: str = _value(TEXT)
+    unit: str = _value(TEXT)
+    container: str = _value(TEXT)
+    url: str = _value(TEXT)
+    served_model_name: str = _value(TEXT)
+    env_file: str = _value(TEXT)  # where VLLM_API_KEY comes from, named when the endpoint refuses the key
+    load_window_seconds: float = _value(AMOUNT)
+    interval_seconds: float = _value(SECONDS)
+    deep_every: int = _value(COUNT)
+    timeout_seconds: float = _value(SECONDS)
+    deep_timeout_seconds: float = _value(SECONDS)
+    alert_after: int = _value(COUNT)
+    textfile_dir: str | None = _value(TEXT_OR_NULL)
+    state_dir: str = _value(TEXT)
+    log_lines: int = _value(COUNT)
+    renotify_minutes: int = _value(WHOLE)  # repeat an open alert this often; 0 alerts once per incident
+    min_mem_available_gib: float = _value(AMOUNT)  # host MemAvailable floor; 0 disables the check
+    busy_sample_seconds: float = _value(SECONDS)  # gap between the two /metrics reads that tell busy from hung
 
 
 class ConfigError(ValueError):
     """health.json is missing or malformed: exit 2 so a broken deploy is not mistaken for a sick engine."""
 
 
-_TYPES: dict[str, tuple[type, ...]] = {
-    "str": (str,),
-    "str | None": (str, type(None)),
-    "int": (int,),
-    "float": (int, float),
-}
-_POSITIVE = {
-    "interval_seconds",
-    "deep_every",
-    "timeout_seconds",
-    "deep_timeout_seconds",
-    "alert_after",
-    "log_lines",
-    "busy_sample_seconds",
-}
-
-
 def load_config(path: str) -> Config:
-    """Read and validate health.json; unknown keys are errors because a typo would silently use a default."""
+    """Read and validate health.json: a key missing or unknown means the deploy did not write it, so say so."""
     try:
         raw = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise ConfigError(f"cannot read {path}: {exc}") from exc
     if not isinstance(raw, dict):
         raise ConfigError(f"{path} must hold a JSON object")
-    fields = {f.name: f for f in dataclasses.fields(Config)}
-    unknown = sorted(set(raw) - set(fields))
-    missing = sorted(n for n, f in fields.items() if f.default is dataclasses.MISSING and n not in raw)
+    fields = dataclasses.fields(Config)
+    names = {item.name for item in fields}
+    unknown, missing = sorted(set(raw) - names), sorted(names - set(raw))
     if unknown or missing:
-        raise ConfigError(f"{path}: unknown keys {unknown}, missing keys {missing}")
-    for name, value in raw.items():
-        _check_value(name, str(fields[name].type), value)
+        raise ConfigError(f"{path}: unknown keys {unknown}, missing keys {missing}; the deploy writes this file, "
+                          "re-run it")
+    for item in fields:
+        expected = item.metadata["expected"]
+        if not expected.accepts(raw[item.name]):
+            raise ConfigError(f"{item.name} must be {expected.description}, not {raw[item.name]!r}")
     if not raw["url"].startswith(("http://", "https://")):
         raise ConfigError(f"url must start with http:// or https://, not {raw['url']!r}")
     return replace(Config(**raw), url=raw["url"].rstrip("/"))
 
 
-def _check_value(name: str, type_name: str, value: object) -> None:
-    """Reject wrong types and impossible numbers (bool is an int to Python, never to us)."""
-    if isinstance(value, bool) or not isinstance(value, _TYPES[type_name]):
-        raise ConfigError(f"{name} must be {type_name}, not {value!r}")
-    if isinstance(value, str) and not value.strip():
-        raise ConfigError(f"{name} must not be empty")
-    if isinstance(value, (int, float)) and (value <= 0 if name in _POSITIVE else value < 0):
-        raise ConfigError(f"{name} must be positive, not {value!r}")
-
-
 # --- facts about the host ------------------------------------------------------------------------------
 
 
-def run_tool(env_name: str, default: str, args: list[str]) -> str | None:
-    """Run systemctl/docker/journalctl (overridable by env, for tests); None if missing, failing or hung."""
-    argv = shlex.split(os.environ.get(env_name) or default) + args
-    try:
-        done = subprocess.run(
-            argv,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            errors="replace",
-            timeout=COMMAND_TIMEOUT,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return done.stdout if done.returncode == 0 else None
+def tool(*argv: str) -> str | None:
+    """systemctl, docker or journalctl: what it printed (both streams), None if missing, failing or hung."""
+    return run(list(argv), COMMAND_TIMEOUT, with_stderr=True)
 
 
 @dataclass(frozen=True)
@@ -185,7 +181,7 @@ class UnitState:
 
 def unit_state(cfg: Config) -> UnitState | None:
     """Ask systemd; None when systemctl is unusable, so the HTTP checks still run."""
-    out = run_tool("SPARKFLEET_SYSTEMCTL", "systemctl", ["show", cfg.unit, "-p", UNIT_PROPERTIES])
+    out = tool("systemctl", "show", cfg.unit, "-p", UNIT_PROPERTIES)
     props = dict(line.split("=", 1) for line in (out or "").splitlines() if "=" in line)
     if "ActiveState" not in props:
         return None
@@ -215,7 +211,7 @@ def _count(value: object) -> int:
 def container_status(cfg: Config) -> str:
     """Docker's view of the container, for the diagnosis (a --rm container is gone once it exits)."""
     fmt = "{{.State.Status}} {{.State.ExitCode}}"
-    out = run_tool("SPARKFLEET_DOCKER", "docker", ["inspect", "-f", fmt, cfg.container])
+    out = tool("docker", "inspect", "-f", fmt, cfg.container)
     if out is None:
         return f"no container named {cfg.container}"
     status, _, code = out.strip().partition(" ")
@@ -245,7 +241,7 @@ def collect_logs(cfg: Config, starts: list[Start]) -> Logs:
     # The container is --rm and removed before each start: by name it is the current one. --since also drops
     # anything a container of that name printed before this start of the unit.
     since = ["--since", str(int(current.started_at))] if current and current.started_at else []
-    docker = run_tool("SPARKFLEET_DOCKER", "docker", ["logs", *since, "--tail", tail, cfg.container])
+    docker = tool("docker", "logs", *since, "--tail", tail, cfg.container)
     return Logs(docker, journal_of(cfg, starts))
 
 
@@ -258,27 +254,26 @@ def journal_of(cfg: Config, starts: list[Start]) -> str | None:
     options = ["-n", str(cfg.log_lines), "--no-pager", "-o", "cat"]
     matches = [f"_SYSTEMD_INVOCATION_ID={s.invocation}" for s in starts if s.invocation]
     if matches:
-        out = run_tool("SPARKFLEET_JOURNALCTL", "journalctl", [*matches, *options])
+        out = tool("journalctl", *matches, *options)
         if out and out.strip():
             return out
     times = [s.started_at for s in starts if s.started_at]
     if not times:
         return None
     since = f"@{int(min(times))}"  # whole seconds: every journalctl parses them
-    return run_tool("SPARKFLEET_JOURNALCTL", "journalctl", ["-u", cfg.unit, "--since", since, *options])
+    return tool("journalctl", "-u", cfg.unit, "--since", since, *options)
 
 
 def earlier_journal(cfg: Config) -> str | None:
     """The unit's recent journal across starts, for the evidence file only (never for the diagnosis)."""
     options = ["-n", str(cfg.log_lines), "--no-pager", "-o", "cat"]
-    return run_tool("SPARKFLEET_JOURNALCTL", "journalctl", ["-u", cfg.unit, *options])
+    return tool("journalctl", "-u", cfg.unit, *options)
 
 
 def mem_available() -> int | None:
     """MemAvailable in bytes: on a Spark CPU and GPU share it, and hosts wedge when it runs out."""
-    path = os.environ.get("SPARKFLEET_MEMINFO") or "/proc/meminfo"
     try:
-        text = Path(path).read_text(encoding="utf-8", errors="replace")
+        text = Path(MEMINFO).read_text(encoding="utf-8", errors="replace")
     except OSError:
         return None
     match = re.search(r"^MemAvailable:\s+(\d+)\s*kB", text, re.M)
@@ -309,7 +304,7 @@ def probe(url: str, timeout: float, api_key: str | None = None, payload: object 
     started = time.monotonic()
     try:
         request = urllib.request.Request(url, data=data, headers=headers)
-        with _DIRECT.open(request, timeout=timeout) as response:
+        with DIRECT.open(request, timeout=timeout) as response:
             status, body, error = response.status, response.read(), None
     except urllib.error.HTTPError as exc:
         status, body, error = exc.code, _read_quietly(exc), None
@@ -511,11 +506,9 @@ def read_metrics(cfg: Config) -> dict[str, float] | None:
         return None
     wanted = (RUNNING, WAITING, *TOKEN_COUNTERS)
     values: dict[str, float] = {}
-    for line in reply.body.decode("utf-8", "replace").splitlines():
-        match = _SAMPLE.match(line)
-        if match and match["name"] in wanted:
-            with contextlib.suppress(ValueError):
-                values[match["name"]] = values.get(match["name"], 0.0) + float(match["value"])
+    for name, value in samples(reply.body.decode("utf-8", "replace")):
+        if name in wanted:
+            values[name] = values.get(name, 0.0) + value
     return values if RUNNING in values or WAITING in values else None
 
 
@@ -598,12 +591,12 @@ KINDS: dict[str, Kind] = {
     ),
     "auth": Kind(
         "the endpoint refused our API key ({what} answered HTTP {status}): check VLLM_API_KEY in "
-        "/etc/sparkfleet/vllm.env (missing, whitespace or rotated) and re-run the deploy",
+        "{env_file} (missing, whitespace or rotated) and re-run the deploy",
     ),
     "wrong_model": Kind("the endpoint serves {names}, not {name}: check vllm_served_model_name"),
     "bad_response": Kind(
         "{what} answered HTTP {status} with something vLLM would not send: check that {url} is the vLLM "
-        "server (url in /etc/sparkfleet/health.json, --port in vllm_args)",
+        "server (vllm_port in the inventory, --port in vllm_args)",
     ),
     "memory_low": Kind(
         "host memory low: {available} GiB available, below {minimum} GiB; unified memory is shared by CPU and "
@@ -821,6 +814,7 @@ def evaluate(cfg: Config, deep: bool, previous: dict[str, Any]) -> Evaluation:
         "unit": cfg.unit,
         "url": cfg.url,
         "name": cfg.served_model_name,
+        "env_file": cfg.env_file,
         "container": container_status(cfg),
     }
     if unit is not None:
@@ -1255,7 +1249,7 @@ WAIT_UNHEALTHY_RUNS = 3
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Check the health of this Spark's vLLM endpoint once.")
-    parser.add_argument("--config", default=DEFAULT_CONFIG, help=f"health config (default {DEFAULT_CONFIG})")
+    parser.add_argument("--config", required=True, help="health.json as the deploy writes it")
     parser.add_argument("--json", action="store_true", help="print the result as JSON (log lines: stderr)")
     parser.add_argument("--wait", type=float, metavar="SECONDS",
                         help="check every 5 s until healthy; give up after SECONDS or 3 unhealthy runs in a row")

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Read-only status of this Spark's vLLM endpoint, for `sparkfleet status`, `drift` and `bench` (`--serving`).
 
-Installed as /usr/local/lib/sparkfleet/status.py; stdlib only, like the health checker beside it. Prints one
-line, MARKER then a JSON object, so the controller finds it among whatever a login shell prints.
+Installed into /usr/local/lib/sparkfleet beside common.py; stdlib only, like the health checker beside it. The
+controller passes where the endpoint's files are (`--unit-file` and the like: their home is sparkfleet's code).
+Prints one line, MARKER then a JSON object, so the controller finds it among whatever a login shell prints.
 
 It never runs the health checker (a run counts towards its alert threshold): it reads the checker's
 state.json. Every source may be missing (an endpoint that never started, a host where docker needs root):
@@ -15,26 +16,23 @@ import argparse
 import hashlib
 import http.client
 import json
-import re
 import shlex
 import socket
 import subprocess
 import sys
 import time
-import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+try:
+    from .common import DIRECT, run, samples  # imported as sparkfleet.remote.status (the controller's tests)
+except ImportError:
+    from common import DIRECT, run, samples  # run as a script, beside common.py
 
 MARKER = "SPARKFLEET-STATUS "
 TIMEOUT = 3  # seconds, for each command and HTTP request
 WEIGHTS_TIMEOUT = 60  # the weights check may fetch SHA256SUMS from a mirror
-UNIT = "sparkfleet-vllm.service"
-CONTAINER = "sparkfleet-vllm"
-HEALTH_CONFIG = Path("/etc/sparkfleet/health.json")
-HEALTH_STATE_DIR = "/var/lib/sparkfleet/health"
-UNIT_FILE = Path("/etc/systemd/system/sparkfleet-vllm.service")
-ENV_FILE = Path("/etc/sparkfleet/vllm.env")
-DAEMON_JSON = Path("/etc/docker/daemon.json")
 STAGE_WEIGHTS = Path(__file__).resolve().with_name("stage_weights.py")
 UNIT_PROPERTIES = (
     "ActiveState,SubState,NRestarts,ActiveEnterTimestamp,ExecMainStartTimestamp,"
@@ -44,7 +42,6 @@ UNIT_PROPERTIES = (
 INSPECT_FORMAT = '{"image": {{json .Config.Image}}, "image_id": {{json .Image}}, "cmd": {{json .Config.Cmd}}}'
 SERVING_FORMAT = ('{"path": {{json .Path}}, "args": {{json .Args}}, "image": {{json .Config.Image}}, '
                   '"image_id": {{json .Image}}}')
-LOADED_WEIGHTS = Path("/run/sparkfleet/loaded-weights.json")  # the unit copies the manifest there at each start
 DRIVER_TIMEOUT = 20  # seconds: a wedged driver can hang nvidia-smi
 METRICS = {
     "vllm:num_requests_running": "requests_running",
@@ -53,18 +50,19 @@ METRICS = {
     "vllm:spec_decode_num_draft_tokens_total": "draft_tokens",
     "vllm:spec_decode_num_accepted_tokens_total": "accepted_tokens",
 }
-_SAMPLE = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{.*\})?\s+(\S+)")
-# Local probes must not follow an http_proxy from the login environment.
-_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
-def run(argv: list[str], timeout: float = TIMEOUT) -> str | None:
-    """A command's stdout, or None when it is missing, fails or hangs."""
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, errors="replace", timeout=timeout, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return done.stdout if done.returncode == 0 else None
+@dataclass(frozen=True)
+class Layout:
+    """The endpoint's unit, container and files on this host, as the controller names them."""
+
+    unit: str  # systemd unit name, e.g. sparkfleet-vllm.service
+    container: str
+    unit_file: Path
+    env_file: Path
+    daemon_json: Path
+    health_config: Path  # the health checker's health.json: served name, URL, state directory
+    loaded_weights: Path  # the manifest the unit copies at each start: the weights it loaded
 
 
 def read_json(path: Path) -> Any:
@@ -131,7 +129,7 @@ def model_name(path: str | None) -> str | None:
 
 def installed_version(package: str) -> str | None:
     """The installed version of a package; None when it is absent or only its configuration is left."""
-    out = run(["dpkg-query", "-W", "-f", "${db:Status-Abbrev}|${Version}", package]) or ""
+    out = run(["dpkg-query", "-W", "-f", "${db:Status-Abbrev}|${Version}", package], TIMEOUT) or ""
     status, _, version = out.partition("|")
     return (version or None) if status.strip() == "ii" else None
 
@@ -161,14 +159,9 @@ def parse_metrics(text: str) -> dict[str, float]:
     The KV cache usage is the fullest engine's instead: that engine is the one that starts preempting.
     """
     values: dict[str, list[float]] = {}
-    for line in text.splitlines():
-        match = _SAMPLE.match(line)
-        if match is None or match.group(1) not in METRICS:
-            continue
-        try:
-            values.setdefault(METRICS[match.group(1)], []).append(float(match.group(2)))
-        except ValueError:
-            continue
+    for name, value in samples(text):
+        if name in METRICS:
+            values.setdefault(METRICS[name], []).append(value)
     return {key: max(samples) if key == "kv_cache_usage" else sum(samples) for key, samples in values.items()}
 
 
@@ -184,7 +177,7 @@ def acceptance(metrics: dict[str, float]) -> float | None:
 def fetch_metrics(url: str) -> str | None:
     """GET /metrics (vLLM serves it without the API key); None when nothing answers."""
     try:
-        with _DIRECT.open(f"{url.rstrip('/')}/metrics", timeout=TIMEOUT) as response:
+        with DIRECT.open(f"{url.rstrip('/')}/metrics", timeout=TIMEOUT) as response:
             return response.read().decode("utf-8", "replace")
     except (OSError, ValueError, http.client.HTTPException):
         return None
@@ -213,7 +206,8 @@ def _whole(value: float | None) -> int | None:
 def health_status(config: Any) -> dict[str, Any]:
     """The checker's configuration and its last verdict and alert, read from its state.json."""
     config = config if isinstance(config, dict) else {}
-    state = read_json(Path(config.get("state_dir") or HEALTH_STATE_DIR) / "state.json")
+    state_dir = config.get("state_dir")
+    state = read_json(Path(state_dir) / "state.json") if isinstance(state_dir, str) else None
     state = state if isinstance(state, dict) else {}
     return {
         "served_name": config.get("served_model_name"),
@@ -281,56 +275,71 @@ def repository(image: object) -> str:
     return head if colon and "/" not in tag else name
 
 
-def serving() -> dict[str, Any]:
-    container = run(["docker", "inspect", "-f", SERVING_FORMAT, CONTAINER])
+def serving(layout: Layout) -> dict[str, Any]:
+    container = run(["docker", "inspect", "-f", SERVING_FORMAT, layout.container], TIMEOUT)
     try:
         image_id = json.loads(container or "").get("image_id")
     except (ValueError, AttributeError):
         image_id = None
-    digests = run(["docker", "image", "inspect", "-f", "{{json .RepoDigests}}", image_id]) if image_id else None
-    driver = run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], timeout=DRIVER_TIMEOUT)
-    return parse_serving(container, digests, read_json(LOADED_WEIGHTS), driver)
+    digests = None
+    if image_id:
+        digests = run(["docker", "image", "inspect", "-f", "{{json .RepoDigests}}", image_id], TIMEOUT)
+    driver = run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], DRIVER_TIMEOUT)
+    return parse_serving(container, digests, read_json(layout.loaded_weights), driver)
 
 
 # --- the report ----------------------------------------------------------------------------------------
 
 
-def collect(image: str | None = None, weights: list[str] | None = None, with_serving: bool = False) -> dict[str, Any]:
+def collect(layout: Layout, image: str | None = None, weights: list[str] | None = None,
+            with_serving: bool = False) -> dict[str, Any]:
     """Everything in one object; `image` adds the local id of the wanted image, `weights` the weights check,
     `with_serving` what `sparkfleet bench` records with a result (argv, image digest, weights, driver)."""
-    health = health_status(read_json(HEALTH_CONFIG))
+    health = health_status(read_json(layout.health_config))
     report: dict[str, Any] = {
         "host": socket.gethostname(),
-        **parse_unit(run(["systemctl", "show", UNIT, "-p", UNIT_PROPERTIES]), time.monotonic()),
-        **parse_container(run(["docker", "inspect", "-f", INSPECT_FORMAT, CONTAINER])),
+        **parse_unit(run(["systemctl", "show", layout.unit, "-p", UNIT_PROPERTIES], TIMEOUT), time.monotonic()),
+        **parse_container(run(["docker", "inspect", "-f", INSPECT_FORMAT, layout.container], TIMEOUT)),
         **health,
         **metrics_status(health["url"]),
         "toolkit_version": installed_version("nvidia-container-toolkit"),
-        "runtime_in_daemon_json": runtime_in_daemon_json(DAEMON_JSON),
-        "runtime_in_dockerd": runtimes(run(["docker", "info", "--format", "{{json .Runtimes}}"])),
-        "unit_sha256": sha256(UNIT_FILE),
-        "env_sha256": sha256(ENV_FILE),
+        "runtime_in_daemon_json": runtime_in_daemon_json(layout.daemon_json),
+        "runtime_in_dockerd": runtimes(run(["docker", "info", "--format", "{{json .Runtimes}}"], TIMEOUT)),
+        "unit_sha256": sha256(layout.unit_file),
+        "env_sha256": sha256(layout.env_file),
     }
     if image:
-        report["wanted_image_id"] = (run(["docker", "image", "inspect", "-f", "{{.Id}}", image]) or "").strip() or None
+        wanted = run(["docker", "image", "inspect", "-f", "{{.Id}}", image], TIMEOUT)
+        report["wanted_image_id"] = (wanted or "").strip() or None
     if weights is not None:
         report["weights"] = weights_check(weights)
     if with_serving:
-        report["serving"] = serving()
+        report["serving"] = serving(layout)
     return report
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Print this Spark's endpoint status as one JSON line.")
+    where = parser.add_argument_group("where the endpoint's files are (sparkfleet passes them)")
+    where.add_argument("--unit", required=True, help="the endpoint's systemd unit")
+    where.add_argument("--container", required=True, help="the endpoint's container")
+    for name in ("unit-file", "env-file", "daemon-json", "health-config", "loaded-weights"):
+        where.add_argument(f"--{name}", required=True, type=Path, metavar="PATH")
     parser.add_argument("--image", help="also report the local id of this (wanted) image reference")
     parser.add_argument("--weights-check", metavar="ARGS",
                         help="also run `stage_weights.py check ARGS`: one shell-quoted string, "
                         "given as --weights-check='--dest ...' since it starts with a dash")
     parser.add_argument("--serving", action="store_true",
                         help="also report the running container's argv, image digest, loaded weights and driver")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    layout = Layout(args.unit, args.container, args.unit_file, args.env_file, args.daemon_json, args.health_config,
+                    args.loaded_weights)
     weights = shlex.split(args.weights_check) if args.weights_check is not None else None
-    sys.stdout.write(MARKER + json.dumps(collect(args.image, weights, args.serving), sort_keys=True) + "\n")
+    sys.stdout.write(MARKER + json.dumps(collect(layout, args.image, weights, args.serving), sort_keys=True) + "\n")
     return 0
 
 

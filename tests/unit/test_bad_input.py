@@ -12,13 +12,15 @@ import pytest
 from pyinfra.api.exceptions import FactProcessError
 
 from sparkfleet import cli, operations, rollout, runner, secrets
-from sparkfleet.config import InventoryError, SparkConfig
+from sparkfleet.config import InventoryError, ModelSource, SparkConfig
 from sparkfleet.fleet import FleetError, load_fleet
 from sparkfleet.host_state import HostState
 from sparkfleet.preflight import SparkFacts
 
 REPO = Path(__file__).resolve().parents[2]
 MIRROR = "http://mirror.lan/models/qwen"
+SOURCE = ModelSource.parse(MIRROR)
+SOURCE = ModelSource.parse(MIRROR)
 GOOD = {"model_source": MIRROR, "ssh_user": "admin"}
 
 
@@ -151,7 +153,7 @@ def test_a_weights_check_without_a_verdict_stops_the_step_with_a_message(monkeyp
     verdict = {"state": "error", "error": "it printed 'Traceback', not one JSON object"}
     state = HostState({"state": {"weights": verdict}})
     monkeypatch.setattr(operations, "current", lambda: state)
-    (command,) = operations.weights_staged._inner(script="/s.py", dest="/var/lib/m", source=MIRROR, verify="fast")
+    (command,) = operations.weights_staged._inner(script="/s.py", dest="/var/lib/m", source=SOURCE, verify="fast")
     assert str(command).startswith("echo 'the weights check in /var/lib/m gave no verdict (it printed '")
     assert "python3 /s.py check --help" in str(command) and str(command).endswith("nothing was staged' >&2; exit 1")
 
@@ -194,7 +196,7 @@ def test_an_empty_or_wrong_controller_source_is_refused(tmp_path: Path) -> None:
     file.write_text("{}")
     assert f"{file} is not a directory on this controller" in _fleet_error(model_source=str(file))
     endpoints, _ = load_fleet({"spark-07": GOOD | {"model_source": str(tmp_path)}})
-    assert endpoints["spark-07"].model_source == str(tmp_path)
+    assert endpoints["spark-07"].source == ModelSource("controller", path=str(tmp_path))
 
 
 def test_an_unreadable_controller_source_is_a_message(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -207,10 +207,11 @@ def test_reporter_reads_the_serving_config() -> None:
 
 def test_reporter_serving_flag_on_a_bare_host(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
                                               capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(reporter, "HEALTH_CONFIG", tmp_path / "health.json")
-    monkeypatch.setattr(reporter, "LOADED_WEIGHTS", tmp_path / "loaded-weights.json")
-    monkeypatch.setattr(reporter, "run", lambda argv, timeout=reporter.TIMEOUT: None)
-    assert reporter.main(["--serving"]) == 0
+    monkeypatch.setattr(reporter, "run", lambda argv, timeout: None)
+    files = {name: str(tmp_path / name) for name in ("unit-file", "env-file", "daemon-json", "health-config",
+                                                      "loaded-weights")}
+    layout = ["--unit", "u.service", "--container", "c", *(f"--{name}={path}" for name, path in files.items())]
+    assert reporter.main([*layout, "--serving"]) == 0
     report = json.loads(capsys.readouterr().out[len(reporter.MARKER):])
     assert report["serving"] == {"argv": None, "image": None, "image_digest": None, "weights_digest": None,
                                  "driver": None}

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from sparkfleet.config import ModelSource, SparkConfig
+from sparkfleet.endpoint import resolve
 from sparkfleet.fleet import FleetError, load_fleet
 
 GOOD = {"model_source": "http://mirror.lan/models/qwen", "ssh_user": "admin", "_sudo": True}
@@ -65,3 +67,51 @@ def test_secret_from_missing_env_is_an_error(monkeypatch: pytest.MonkeyPatch) ->
 def test_secret_with_whitespace_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SPARKFLEET_TEST_KEY", " key")
     assert "whitespace" in _errors(vllm_api_key="env:SPARKFLEET_TEST_KEY")
+
+
+# --- model_source: parsed once into a typed value ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(("text", "parsed"), [
+    ("http://mirror.lan/models/qwen/", ModelSource("mirror", url="http://mirror.lan/models/qwen/")),
+    ("https://mirror.lan:8443/m", ModelSource("mirror", url="https://mirror.lan:8443/m")),
+    ("/srv/models/qwen", ModelSource("controller", path="/srv/models/qwen")),
+    ("hf://nvidia/Qwen3.6-35B-A3B-NVFP4@main", ModelSource("hub", repo="nvidia/Qwen3.6-35B-A3B-NVFP4",
+                                                          revision="main")),
+    ("hf://gpt2@0123abcd", ModelSource("hub", repo="gpt2", revision="0123abcd")),
+])
+def test_every_form_of_model_source_parses(text: str, parsed: ModelSource) -> None:
+    assert ModelSource.parse(text) == parsed
+    assert str(parsed) == text
+    assert SparkConfig(model_source=text).model_source == parsed
+
+
+def test_a_mirror_names_its_sums_file() -> None:
+    assert ModelSource.parse("http://mirror.lan/m/").sums_url == "http://mirror.lan/m/SHA256SUMS"
+    assert ModelSource.parse("http://mirror.lan/m").sums_url == "http://mirror.lan/m/SHA256SUMS"
+
+
+def test_without_model_source_the_recipes_model_comes_from_the_hub() -> None:
+    spark = resolve("spark-07", SparkConfig())
+    assert spark.source == ModelSource("hub", repo=spark.recipe.model.id, revision=spark.recipe.model.revision)
+    assert str(spark.source) == f"hf://{spark.model_revision}"
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    ("s3://bucket/x", "'s3://bucket/x' is not a model source; use hf://org/name@revision, an http(s) mirror URL "
+                      "or an absolute directory on the controller"),
+    ("models/qwen", "'models/qwen' is not a model source"),
+    ("~/models/qwen", "'~/models/qwen' is not a model source"),
+    ("hf://nvidia/Qwen3.6", "'hf://nvidia/Qwen3.6' does not name a Hub repository and revision; give "
+                            "hf://org/name@revision"),
+    ("hf://a/b/c@main", "does not name a Hub repository and revision"),
+    ("hf://nvidia/Qwen3.6@", "does not name a Hub repository and revision"),
+    ("http://", "not an http(s) URL with a host"),
+    ("http://mirror.lan/my models", "' ' cannot stand in a URL as written; percent-encode it"),
+    (42, "give the source as a string"),
+    ({"kind": "hub"}, "give the source as a string"),
+])
+def test_bad_model_source_is_refused_with_the_forms_it_may_take(value: object, expected: str) -> None:
+    message = _errors(model_source=value)
+    assert message.startswith("bad inventory, nothing was changed on any host:")
+    assert f"spark-07: `model_source` = {value!r}: " in message and expected in message

@@ -1,10 +1,11 @@
 """sparkfleet/remote/healthcheck.py, run as the Spark runs it: a subprocess against a fake vLLM server.
 
 The HTTP server is switchable (healthy, 401, 503, wrong model list, hangs, /metrics of a busy or stuck engine);
-systemctl and docker are shell stand-ins selected through SPARKFLEET_* and fed from files each test writes;
-journalctl is a small Python stand-in that filters a fake journal by invocation id and time, as the real one
-does; /proc/meminfo is a file too (SPARKFLEET_MEMINFO). Time-driven behaviour (re-notify, a crash loop closing)
-is tested by ageing the timestamps in state.json between runs.
+systemctl and docker are shell stand-ins first on PATH, fed from files each test writes; journalctl is a small
+Python stand-in that filters a fake journal by invocation id and time, as the real one does. /proc/meminfo is a
+file too: a two-line launcher sets the checker's MEMINFO before running its main (nothing in the checker reads a
+test hook from the environment). Time-driven behaviour (re-notify, a crash loop closing) is tested by ageing the
+timestamps in state.json between runs.
 """
 
 from __future__ import annotations
@@ -33,7 +34,9 @@ MODEL = "qwen3.6-35b"
 UNIT = "sparkfleet-vllm.service"
 TIMEOUT = 0.5
 HANG = TIMEOUT * 3
-MINIMAL = {"endpoint": "e", "unit": "u", "container": "c", "url": "http://h", "served_model_name": "m"}
+# The checker run as its own process, as systemd runs it, but with /proc/meminfo swapped for the test's file.
+LAUNCH = ("import sys; sys.path.insert(0, sys.argv.pop(1)); import healthcheck; "
+          "healthcheck.MEMINFO = sys.argv.pop(1); sys.exit(healthcheck.main(sys.argv[1:]))")
 INVOCATION = "4f1c0d2e9a8b47c6a1b2c3d4e5f60718"
 GIB = 2**30
 SAMPLE = 0.2  # busy_sample_seconds in tests
@@ -246,7 +249,8 @@ class Harness:
 
     def run(self, *args: str) -> subprocess.CompletedProcess[str]:
         done = subprocess.run(
-            [sys.executable, str(SCRIPT), "--config", str(self.tmp / "health.json"), *args],
+            [sys.executable, "-c", LAUNCH, str(SCRIPT.parent), str(self.tmp / "fake" / "meminfo"),
+             "--config", str(self.tmp / "health.json"), *args],
             env=self.env,
             capture_output=True,
             text=True,
@@ -274,7 +278,7 @@ def harness(tmp_path: Path) -> Iterator[Harness]:
     fake = tmp_path / "fake"
     fake.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
-    env.update(FAKE_DIR=str(fake), VLLM_API_KEY=API_KEY)
+    env.update(FAKE_DIR=str(fake), VLLM_API_KEY=API_KEY, PATH=os.pathsep.join([str(fake), os.environ["PATH"]]))
     for tool in ("systemctl", "docker", "journalctl"):
         script = fake / tool
         if tool == "journalctl":
@@ -282,8 +286,6 @@ def harness(tmp_path: Path) -> Iterator[Harness]:
         else:
             script.write_text(FAKE_TOOL.format(name=tool))
         script.chmod(0o755)
-        env[f"SPARKFLEET_{tool.upper()}"] = str(script)
-    env["SPARKFLEET_MEMINFO"] = str(fake / "meminfo")
     url = f"http://127.0.0.1:{server.server_address[1]}"
     config = {
         "endpoint": "sparkfleet-vllm",
@@ -291,6 +293,7 @@ def harness(tmp_path: Path) -> Iterator[Harness]:
         "container": "sparkfleet-vllm",
         "url": url,
         "served_model_name": MODEL,
+        "env_file": "/etc/sparkfleet-test/vllm.env",
         "load_window_seconds": 900,
         "interval_seconds": 30,
         "deep_every": 10,
@@ -300,6 +303,8 @@ def harness(tmp_path: Path) -> Iterator[Harness]:
         "textfile_dir": str(tmp_path / "node_exporter" / "textfile_collector"),
         "state_dir": str(tmp_path / "state"),
         "log_lines": 50,
+        "renotify_minutes": 60,
+        "min_mem_available_gib": 4.0,
         "busy_sample_seconds": SAMPLE,
     }
     h = Harness(tmp_path, backend, url, config, env)
@@ -354,7 +359,7 @@ def test_401_names_the_api_key(harness: Harness) -> None:
     done = harness.run()
     assert done.returncode == 1
     assert "refused our API key" in done.stdout
-    assert "check VLLM_API_KEY in /etc/sparkfleet/vllm.env" in done.stdout
+    assert "check VLLM_API_KEY in /etc/sparkfleet-test/vllm.env" in done.stdout  # the env_file it was given
     assert harness.state()["last_result"]["http_status"] == 401
 
 
@@ -577,26 +582,35 @@ def test_json_output_is_the_result_object(harness: Harness) -> None:
 
 
 @pytest.mark.parametrize(
-    "config_text",
+    ("change", "message"),
     [
-        None,
-        "{not json",
-        json.dumps({"endpoint": "x"}),
-        json.dumps({**MINIMAL, "alert_afer": 3}),
-        json.dumps({**MINIMAL, "alert_after": "3"}),
-        json.dumps({**MINIMAL, "url": "127.0.0.1:8000"}),
+        (None, "cannot read"),
+        ("{not json", "cannot read"),
+        ({"endpoint": "x"}, "missing keys ['alert_after', "),
+        ({"alert_afer": 3}, "unknown keys ['alert_afer'], missing keys []"),
+        ({"alert_after": "3"}, "alert_after must be a whole number above 0, not '3'"),
+        ({"alert_after": True}, "alert_after must be a whole number above 0, not True"),
+        ({"deep_every": 0}, "deep_every must be a whole number above 0, not 0"),
+        ({"served_model_name": " "}, "served_model_name must be a non-empty string, not ' '"),
+        ({"textfile_dir": 7}, "textfile_dir must be a non-empty string or null, not 7"),
+        ({"url": "127.0.0.1:8000"}, "url must start with http:// or https://"),
     ],
-    ids=["missing", "not-json", "missing-keys", "unknown-key", "wrong-type", "bad-url"],
+    ids=["missing", "not-json", "missing-keys", "unknown-key", "wrong-type", "bool", "zero", "blank", "not-a-path",
+         "bad-url"],
 )
-def test_bad_config_exits_2(harness: Harness, config_text: str | None) -> None:
+def test_bad_config_exits_2(harness: Harness, change: str | dict[str, Any] | None, message: str) -> None:
     config = harness.tmp / "health.json"
-    if config_text is None:
+    if change is None:
         config.unlink()
+    elif isinstance(change, str):
+        config.write_text(change)
+    elif "endpoint" in change:
+        config.write_text(json.dumps(change))
     else:
-        config.write_text(config_text)
+        config.write_text(json.dumps({**harness.config, **change}))
     done = harness.run()
     assert done.returncode == 2
-    assert done.stderr.startswith("<3>sparkfleet health: bad config: ")
+    assert done.stderr.startswith("<3>sparkfleet health: bad config: ") and message in done.stderr
     assert not harness.state_dir.exists()
 
 
@@ -923,11 +937,13 @@ def test_crash_seen_while_the_next_start_loads_reads_the_crashed_start(harness: 
 # --- configuration ------------------------------------------------------------------------------------------
 
 
-def test_older_health_json_without_the_new_keys_still_loads(harness: Harness) -> None:
-    config = {k: v for k, v in harness.config.items() if k not in ("busy_sample_seconds",)}
-    assert "renotify_minutes" not in config and "min_mem_available_gib" not in config
+def test_a_key_the_deploy_did_not_write_is_named_and_no_default_stands_in(harness: Harness) -> None:
+    """Every value comes from the controller (deploys/health.py): the checker has no copies to fall back on."""
+    config = {k: v for k, v in harness.config.items() if k not in ("busy_sample_seconds", "env_file")}
     (harness.tmp / "health.json").write_text(json.dumps(config))
-    assert harness.run().returncode == 0
+    done = harness.run()
+    assert done.returncode == 2
+    assert "missing keys ['busy_sample_seconds', 'env_file']; the deploy writes this file, re-run it" in done.stderr
 
 
 @pytest.mark.parametrize(
@@ -946,6 +962,19 @@ def test_bad_new_keys_exit_2(harness: Harness, extra: dict[str, Any]) -> None:
     done = harness.run()
     assert done.returncode == 2
     assert done.stderr.startswith("<3>sparkfleet health: bad config: ")
+
+
+def test_the_checker_runs_as_installed_beside_common(tmp_path: Path) -> None:
+    """As systemd runs it (`python3 healthcheck.py --config ...`), it imports common.py from its own directory."""
+    for name in ("healthcheck.py", "common.py"):
+        (tmp_path / name).write_text((SCRIPT.parent / name).read_text())
+    done = subprocess.run([sys.executable, str(tmp_path / "healthcheck.py"), "--config", str(tmp_path / "none.json")],
+                          capture_output=True, text=True, timeout=30, check=False)
+    assert done.returncode == 2 and done.stderr.startswith("<3>sparkfleet health: bad config: cannot read ")
+    (tmp_path / "common.py").unlink()
+    done = subprocess.run([sys.executable, str(tmp_path / "healthcheck.py"), "--config", str(tmp_path / "none.json")],
+                          capture_output=True, text=True, timeout=30, check=False)
+    assert "No module named 'common'" in done.stderr  # what a host without it would say: the deploy installs it
 
 
 def test_the_deploys_config_carries_the_new_keys_and_loads(tmp_path: Path) -> None:

@@ -12,8 +12,8 @@ from sparkfleet.memory import (
     budget,
     explain,
     gb,
-    parse_tokens,
 )
+from sparkfleet.vllm_flags import parse_size
 
 NVFP4 = "qwen3.6-35b-a3b-nvfp4"
 FP8 = "qwen3.6-35b-a3b-fp8"
@@ -56,13 +56,13 @@ def test_mtp_costs_nothing_without_speculative_decoding() -> None:
     (262144, 262144),
 ])
 def test_sizes_are_read_as_vllm_reads_them(text: str | int, tokens: int) -> None:
-    assert parse_tokens(text) == tokens
+    assert parse_size(text) == tokens
 
 
 @pytest.mark.parametrize("text", ["1.5K", "lots", "", True, 8.0])
 def test_sizes_vllm_rejects_are_rejected(text: object) -> None:
     with pytest.raises(ValueError):
-        parse_tokens(text)
+        parse_size(text)
 
 
 def test_size_string_reaches_the_budget() -> None:

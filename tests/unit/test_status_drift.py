@@ -6,7 +6,10 @@ import hashlib
 import http.server
 import io
 import json
+import shlex
+import shutil
 import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +18,17 @@ import pytest
 
 from sparkfleet import drift, manifest, runner, status
 from sparkfleet.config import SparkConfig
-from sparkfleet.endpoint import Endpoint, resolve
+from sparkfleet.deploys.health import CONFIG
+from sparkfleet.endpoint import (
+    CONTAINER,
+    DAEMON_JSON,
+    ENV_FILE,
+    LOADED_WEIGHTS,
+    UNIT,
+    UNIT_FILE,
+    Endpoint,
+    resolve,
+)
 from sparkfleet.remote import status as reporter
 
 REPO = Path(__file__).resolve().parents[2]
@@ -195,20 +208,32 @@ def metrics_url() -> Iterator[str]:
     server.shutdown()
 
 
+def layout_args(root: Path) -> list[str]:
+    """The reporter's arguments with every file under `root`, as the controller would pass them."""
+    files = {"unit-file": "vllm.service", "env-file": "vllm.env", "daemon-json": "daemon.json",
+             "health-config": "health.json", "loaded-weights": "loaded-weights.json"}
+    return ["--unit", "sparkfleet-vllm.service", "--container", "sparkfleet-vllm",
+            *(f"--{flag}={root / name}" for flag, name in files.items())]
+
+
+def layout(root: Path) -> reporter.Layout:
+    args = reporter.parse_args(layout_args(root))
+    return reporter.Layout(args.unit, args.container, args.unit_file, args.env_file, args.daemon_json,
+                           args.health_config, args.loaded_weights)
+
+
 @pytest.fixture
 def host_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The reporter's paths moved under tmp_path, and no real systemctl, docker or dpkg-query."""
-    for name, rel in (("HEALTH_CONFIG", "health.json"), ("UNIT_FILE", "vllm.service"), ("ENV_FILE", "vllm.env"),
-                      ("DAEMON_JSON", "daemon.json"), ("STAGE_WEIGHTS", "stage_weights.py")):
-        monkeypatch.setattr(reporter, name, tmp_path / rel)
-    monkeypatch.setattr(reporter, "run", lambda argv, timeout=reporter.TIMEOUT: None)
+    """The reporter's files under tmp_path, and no real systemctl, docker or dpkg-query."""
+    monkeypatch.setattr(reporter, "STAGE_WEIGHTS", tmp_path / "stage_weights.py")
+    monkeypatch.setattr(reporter, "run", lambda argv, timeout: None)
     return tmp_path
 
 
 def test_reporter_reads_every_source(host_files: Path, metrics_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     answers = {"systemctl": SYSTEMCTL_ACTIVE, "dpkg-query": "ii |1.17.8-1",
                "docker": json.dumps({"image": "img:1", "image_id": "sha256:1", "cmd": ["/models/org--m"]})}
-    monkeypatch.setattr(reporter, "run", lambda argv, timeout=3: answers.get(argv[0]) if argv[1] != "info" else
+    monkeypatch.setattr(reporter, "run", lambda argv, timeout: answers.get(argv[0]) if argv[1] != "info" else
                         json.dumps({"runc": {}, "nvidia": {"path": "nvidia-container-runtime"}}))
     state_dir = host_files / "health"
     state_dir.mkdir()
@@ -219,7 +244,7 @@ def test_reporter_reads_every_source(host_files: Path, metrics_url: str, monkeyp
                                                         "state_dir": str(state_dir)}))
     (host_files / "daemon.json").write_text(json.dumps({"runtimes": {"nvidia": {"path": "x"}}}))
     (host_files / "vllm.env").write_text("VLLM_API_KEY=secret\n")
-    report = reporter.collect()
+    report = reporter.collect(layout(host_files))
     assert report["state"] == "active" and report["restarts"] == 2
     assert (report["image"], report["model"], report["served_name"]) == ("img:1", "org/m", "qwen3.6")
     assert (report["requests_running"], report["requests_waiting"], report["kv_cache_usage"]) == (2, 1, 0.125)
@@ -234,7 +259,8 @@ def test_reporter_reads_every_source(host_files: Path, metrics_url: str, monkeyp
 
 def test_reporter_on_a_bare_host_reports_nulls(host_files: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The arm64 lab host never starts the endpoint; a fresh host has nothing at all: nulls, never a crash."""
-    assert reporter.main(["--image", "img:1", "--weights-check=--dest /nowhere --digest " + "a" * 64]) == 0
+    weights = "--weights-check=--dest /nowhere --digest " + "a" * 64
+    assert reporter.main([*layout_args(host_files), "--image", "img:1", weights]) == 0
     line = capsys.readouterr().out
     assert line.startswith(reporter.MARKER) and line.endswith("\n")
     report = json.loads(line[len(reporter.MARKER):])
@@ -245,6 +271,19 @@ def test_reporter_on_a_bare_host_reports_nulls(host_files: Path, capsys: pytest.
     assert report["metrics"] is False
     assert report["runtime_in_daemon_json"] is False
     assert report["weights"] == {"state": "absent"}
+
+
+def test_reporter_runs_as_installed_beside_common(tmp_path: Path) -> None:
+    """The deploy installs the scripts together in one directory: `import common` finds its sibling there."""
+    lib, empty = tmp_path / "lib", tmp_path / "bin"
+    lib.mkdir()
+    empty.mkdir()
+    for name in ("status.py", "common.py"):
+        shutil.copy(REPO / "sparkfleet" / "remote" / name, lib / name)
+    done = subprocess.run([sys.executable, str(lib / "status.py"), *layout_args(tmp_path)], capture_output=True,
+                          text=True, env={"PATH": str(empty)}, timeout=60)  # no systemctl, docker or dpkg here
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.removeprefix(reporter.MARKER))["state"] is None
 
 
 def test_reporter_runs_the_weights_check_fast(host_files: Path, tmp_path: Path) -> None:
@@ -273,8 +312,18 @@ def test_fact_reports_a_host_without_the_reporter(monkeypatch: pytest.MonkeyPatc
     assert status.EndpointStatus().process(out.splitlines()) == status.NOT_INSTALLED
     (tmp_path / "status.py").write_text("import json, sys; print('SPARKFLEET-STATUS', json.dumps(sys.argv[1:]))")
     out = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True).stdout
-    assert out == 'SPARKFLEET-STATUS ["--image", "img:1"]\n'
+    assert out == f'SPARKFLEET-STATUS {json.dumps([*shlex.split(status.LAYOUT), "--image", "img:1"])}\n'
     assert status.extract(out.splitlines()) is None  # the reporter's answer is an object, never a list
+
+
+def test_the_reporter_is_told_where_the_endpoints_files_are() -> None:
+    """It keeps no copy of them: the controller passes the paths the deploy wrote to, on every call."""
+    args = reporter.parse_args(shlex.split(status.LAYOUT))
+    assert (args.unit, args.container) == (f"{UNIT}.service", CONTAINER)
+    assert [str(path) for path in (args.unit_file, args.env_file, args.daemon_json, args.health_config,
+                                   args.loaded_weights)] == [UNIT_FILE, ENV_FILE, DAEMON_JSON, CONFIG, LOADED_WEIGHTS]
+    with pytest.raises(SystemExit):
+        reporter.parse_args(["--image", "img:1"])  # without them it refuses to guess
 
 
 def test_status_rows_and_exit_code() -> None:
