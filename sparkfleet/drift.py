@@ -17,15 +17,14 @@ from __future__ import annotations
 import shlex
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any, TextIO
 
 from pyinfra.api import Host
 
 from sparkfleet import status
+from sparkfleet.deploys import weights
 from sparkfleet.endpoint import UNIT, Endpoint
 from sparkfleet.fleet import load_endpoint
-from sparkfleet.manifest import controller_sums
 from sparkfleet.runner import Runner, load_hosts, quiet_pyinfra
 
 EXIT_CONVERGED, EXIT_ERROR, EXIT_DRIFTED = 0, 1, 2
@@ -71,18 +70,13 @@ def parse_plan(report: dict[str, Any] | None) -> Plan | None:
 
 
 def weights_args(spark: Endpoint) -> list[str] | None:
-    """`stage_weights.py check` arguments for the wanted weights, as the deploy's weights step builds them."""
-    source = spark.source
-    if source.kind == "mirror":
-        wanted = ["--sums-url", source.sums_url]
-    elif source.kind == "controller":
-        try:
-            wanted = ["--digest", controller_sums(Path(source.path))[1]]
-        except OSError:
-            return None  # the dry run reports the unreadable source
-    else:
+    """`stage_weights.py check` arguments for the wanted weights: the deploy's own, but by size and mtime even
+    with weights_verify=full (drift runs from cron). None when the controller directory cannot be read (the dry
+    run reports it)."""
+    try:
+        return [arg for arg in weights.check_args(spark) if arg != "--full"]
+    except OSError:
         return None
-    return ["--dest", spark.weights_dir, *wanted]
 
 
 def reporter_args(spark: Endpoint) -> str:

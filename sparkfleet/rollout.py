@@ -22,12 +22,13 @@ from rich.console import Console
 from rich.table import Table
 
 from sparkfleet import bench, tables
-from sparkfleet.deploys.health import CONFIG, STATE_DIR, wait_command
+from sparkfleet.deploys.health import CHECKER, COMMON, CONFIG, STATE_DIR, wait_command
 from sparkfleet.endpoint import ENV_FILE, UNIT, UNIT_FILE
 from sparkfleet.runner import DeployRun, Reply, Runner, load_hosts, quiet_pyinfra
 
 KNOWN_GOOD = "/var/lib/sparkfleet/known-good"
-KEPT = (UNIT_FILE, ENV_FILE, CONFIG)
+# The checker goes back with its configuration: a newer checker may refuse an older health.json.
+KEPT = (UNIT_FILE, ENV_FILE, CONFIG, CHECKER, COMMON)
 PHASE = "sparkfleet_phase"
 
 
@@ -100,7 +101,9 @@ def restore_command() -> str:
 
     A host that never was healthy has nothing to go back to: its endpoint is stopped rather than left looping.
     """
-    copies = " && ".join(f"cp -p {KNOWN_GOOD}/{Path(path).name} {path}" for path in KEPT)
+    # A snapshot taken by an older sparkfleet may lack a file: what it has goes back.
+    copies = " && ".join(f"{{ test ! -f {KNOWN_GOOD}/{Path(path).name} || cp -p {KNOWN_GOOD}/{Path(path).name} "
+                         f"{path}; }}" for path in KEPT)
     return (f"if test -f {KNOWN_GOOD}/{UNIT}.service; then {copies} && systemctl daemon-reload && "
             f"{{ systemctl reset-failed {UNIT}; systemctl restart {UNIT}; }}; else systemctl stop {UNIT}; fi")
 

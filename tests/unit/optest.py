@@ -35,6 +35,7 @@ from pyinfra.api import FileUploadCommand, RsyncCommand, StringCommand
 from pyinfra.context import ctx_host
 
 from sparkfleet import operations
+from sparkfleet.config import ModelSource
 from sparkfleet.host_state import HostState
 from sparkfleet.remote import host_facts
 
@@ -138,7 +139,10 @@ def _file(path: str, entry: dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 def arguments(args: dict[str, Any], tmp_path: Path) -> dict[str, Any]:
-    """A case's `args`, with `src: {text: ...}` as a StringIO and `src: {file: ...}` as a local file."""
+    """A case's `args`, with `src: {text: ...}` as a StringIO, `src: {file: ...}` as a local file and a `source`
+    parsed as the inventory's model_source is."""
+    if isinstance(args.get("source"), str):
+        args = {**args, "source": ModelSource.parse(args["source"])}
     src = args.get("src")
     if not isinstance(src, dict):
         return args

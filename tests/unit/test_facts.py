@@ -105,9 +105,14 @@ def test_apt_versions_default_is_none_installable() -> None:
 
 
 def test_endpoint_status_command_runs_the_installed_reporter_or_says_it_is_missing() -> None:
+    """The controller passes the reporter every path it reads (status.LAYOUT): none is copied into the script."""
     assert status.EndpointStatus().command(args="--image vllm/vllm-openai:v0.28.0") == (
         "if [ -f /usr/local/lib/sparkfleet/status.py ]; then python3 /usr/local/lib/sparkfleet/status.py "
-        "--image vllm/vllm-openai:v0.28.0; else echo 'SPARKFLEET-STATUS {\"installed\": false}'; fi")
+        "--unit sparkfleet-vllm.service --container sparkfleet-vllm --unit-file "
+        "/etc/systemd/system/sparkfleet-vllm.service --env-file /etc/sparkfleet/vllm.env --daemon-json "
+        "/etc/docker/daemon.json --health-config /etc/sparkfleet/health.json --loaded-weights "
+        "/run/sparkfleet/loaded-weights.json --image vllm/vllm-openai:v0.28.0; else echo 'SPARKFLEET-STATUS "
+        "{\"installed\": false}'; fi")
 
 
 @pytest.mark.parametrize(("output", "report"), [
