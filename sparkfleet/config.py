@@ -75,8 +75,7 @@ class ModelSource:
     """Where the weights come from, parsed once from `model_source`; each consumer asks its kind, not its text.
 
     mirror: an http(s) base URL whose SHA256SUMS lists every file; controller: a directory on the machine
-    running sparkfleet, rsynced over SSH; hub: `hf://org/name@revision`, refused by the source.hf rule until
-    staging from the Hub is implemented.
+    running sparkfleet, rsynced over SSH; hub: `hf://org/name@revision`, downloaded by huggingface_hub.
     """
 
     kind: Literal["mirror", "controller", "hub"]
@@ -166,12 +165,29 @@ class SparkConfig(BaseModel):
         None, description="Where the Hugging Face token comes from (hf:// sources of gated models).",
         examples=["file:~/.config/sparkfleet/hf_token"])
     model_source: Annotated[ModelSource | None, PlainValidator(_model_source)] = Field(
-        None, description="Where weights come from: an http(s) mirror with SHA256SUMS, or a directory on the "
-        "controller; hf://org/name@rev (the default: the recipe's model on the Hub) is refused until implemented.",
-        examples=["http://mirror.lan/models/qwen3.6-nvfp4"])
+        None, description="Where weights come from: hf://org/name@revision on the Hub (the default: the recipe's "
+        "model at its pinned revision; a branch is resolved to a commit at deploy time), an http(s) mirror with "
+        "SHA256SUMS, or a directory on the controller.", examples=["hf://nvidia/Qwen3.6-35B-A3B-NVFP4@main"])
+    hf_endpoint: WebUrl | None = Field(
+        None, description="Hugging Face Hub endpoint (HF_ENDPOINT) for hf:// sources: a mirror or proxy of the "
+        "Hub; default https://huggingface.co.", examples=["http://hf-mirror.lan"])
     model_dir: AbsolutePath = Field(
         "/var/lib/sparkfleet/models", description="Directory on the Spark's local NVMe holding one "
         "subdirectory per model.", examples=["/srv/models"])
+    weights_keep: int = Field(
+        2, ge=1, description="Generations of a model's weights kept on a Spark (the served one, and the one a "
+        "rollback goes back to, are kept regardless).", examples=[3])
+    weights_fanout: bool = Field(
+        True, description="Sparks copy weights from a Spark that already holds them verified (tree-shaped, about "
+        "log2(N) rounds) instead of each fetching them from the source; false: each fetches from the source.",
+        examples=[False])
+    weights_share_port: int = Field(
+        8790, ge=1, le=65535, description="Port on which each Spark serves its verified weights, read-only, to "
+        "the other Sparks of the fleet (fan-out).", examples=[18790])
+    peer_address: str | None = Field(
+        None, pattern=r"^[A-Za-z0-9.:\[\]-]+$", description="Address the other Sparks reach this one at for "
+        "fan-out (the Spark-to-Spark network); default the host of vllm_url, else ssh_hostname.",
+        examples=["10.0.0.11"])
     weights_verify: Literal["fast", "full"] = Field(
         "fast", description="`fast` checks presence, sizes and mtimes against the staging manifest; `full` "
         "re-hashes every file and repairs what differs.", examples=["full"])

@@ -19,7 +19,8 @@ from rich.console import Console
 
 from sparkfleet import rules, tables
 from sparkfleet.endpoint import Endpoint
-from sparkfleet.fleet import load_endpoint
+from sparkfleet.fleet import load_endpoint, with_weights
+from sparkfleet.generations import SourceError
 from sparkfleet.memory import SPARK_MEMORY_BYTES, budget, explain
 from sparkfleet.preflight import (
     HOST_CHECKS,
@@ -98,6 +99,11 @@ def recipe_rows(name: str, data: dict[str, object]) -> tuple[Endpoint | None, li
     endpoint, errors, _ = load_endpoint(name, data)
     if endpoint is None:
         return None, [inventory_row(name, error) for error in errors]
+    try:
+        endpoint = with_weights(endpoint)
+    except SourceError as error:  # the host checks need the generation's directory: they wait for a fix
+        return None, [inventory_row(name, error) for error in errors] + [
+            Row("source.resolve", "error", "model_source", str(error))]
     findings = rules.check(endpoint)
     ruled = {f"{name}: `{f.field}`: {f.message} [{f.rule}]" for f in findings}
     rows = [inventory_row(name, error) for error in errors if error not in ruled]

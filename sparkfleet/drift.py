@@ -24,7 +24,8 @@ from pyinfra.api import Host
 from sparkfleet import status
 from sparkfleet.deploys import weights
 from sparkfleet.endpoint import UNIT, Endpoint
-from sparkfleet.fleet import load_endpoint
+from sparkfleet.fleet import load_endpoint, with_weights
+from sparkfleet.generations import SourceError
 from sparkfleet.runner import Runner, load_hosts, quiet_pyinfra
 
 EXIT_CONVERGED, EXIT_ERROR, EXIT_DRIFTED = 0, 1, 2
@@ -67,6 +68,14 @@ def parse_plan(report: dict[str, Any] | None) -> Plan | None:
 
 
 # --- the facts -----------------------------------------------------------------------------------------
+
+
+def _resolved(spark: Endpoint | None) -> Endpoint | None:
+    """The endpoint with its generation; None when it has none (the dry run says why)."""
+    try:
+        return with_weights(spark) if spark is not None else None
+    except SourceError:
+        return None
 
 
 def weights_args(spark: Endpoint) -> list[str] | None:
@@ -188,8 +197,7 @@ def check(inventory: str, limits: Iterable[str] = (), data: Iterable[str] = ()) 
     quiet_pyinfra()
     state, hosts = load_hosts(inventory, limits, data)
     runner = Runner(inventory, state, hosts, list(data))
-    endpoints: dict[str, Endpoint | None] = {host.name: load_endpoint(host.name, host.data.dict())[0]
-                                              for host in hosts}
+    endpoints = {host.name: _resolved(load_endpoint(host.name, host.data.dict())[0]) for host in hosts}
     reachable = [host for host in hosts if endpoints[host.name] is not None]
     # Hashing a controller weights directory comes first: the dry run then reads the warm cache.
     args = {host.name: reporter_args(endpoints[host.name]) for host in reachable}  # type: ignore[arg-type]

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 from sparkfleet.config import ModelSource, SparkConfig
+from sparkfleet.generations import Generation
 from sparkfleet.recipes import FlagValue, Recipe, load_recipes
 from sparkfleet.vllm_flags import normalize
 
@@ -19,6 +20,7 @@ ENV_FILE = f"{ETC}/vllm.env"
 MODEL_MOUNT = "/models"
 MANIFEST = ".sparkfleet-manifest.json"  # written by stage_weights.py once every file is verified
 LOADED_WEIGHTS = "/run/sparkfleet/loaded-weights.json"  # the manifest the running endpoint started with
+KNOWN_GOOD = "/var/lib/sparkfleet/known-good"  # rollout's copy of the last healthy unit (its weights stay)
 
 
 @dataclass(frozen=True)
@@ -29,6 +31,7 @@ class Endpoint:
     config: SparkConfig
     recipe: Recipe
     args: dict[str, FlagValue]  # effective vLLM flags, names normalised, recipe first
+    weights: Generation | None = None  # the source resolved (fleet.resolve_weights) before weights_dir is read
 
     @property
     def image(self) -> str:
@@ -44,8 +47,16 @@ class Endpoint:
         return self.recipe.model.id.replace("/", "--")
 
     @property
-    def weights_dir(self) -> str:
+    def model_root(self) -> str:
+        """The model's directory: one subdirectory per generation of its weights."""
         return str(PurePosixPath(self.config.model_dir) / self.model_slug)
+
+    @property
+    def weights_dir(self) -> str:
+        """The generation this Spark serves: model_dir/<model>/<commit or sha256-digest>."""
+        if self.weights is None:
+            raise RuntimeError(f"{self.host}: the model source was not resolved (fleet.resolve_weights)")
+        return f"{self.model_root}/{self.weights.id}"
 
     @property
     def container_model_path(self) -> str:

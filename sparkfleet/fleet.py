@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from pyinfra.api.exceptions import PyinfraError
 
-from sparkfleet import rules, secrets
+from sparkfleet import generations, rules, secrets
 from sparkfleet.config import InventoryError, SparkConfig, parse_host
 from sparkfleet.endpoint import Endpoint, resolve
 
@@ -56,3 +58,24 @@ def load_fleet(hosts: dict[str, dict[str, object]]) -> tuple[dict[str, Endpoint]
     if errors:
         raise FleetError("bad inventory, nothing was changed on any host:\n  " + "\n  ".join(errors))
     return endpoints, warnings
+
+
+def resolve_weights(endpoints: dict[str, Endpoint]) -> dict[str, Endpoint]:
+    """Each endpoint with its model source resolved to a generation (the Hub asked once per source, before any
+    host is changed); raises FleetError naming every host whose source cannot be resolved, and why."""
+    resolved: dict[str, Endpoint] = {}
+    errors: list[str] = []
+    for name, spark in endpoints.items():
+        try:
+            resolved[name] = with_weights(spark)
+        except generations.SourceError as error:
+            errors.append(f"{name}: {error}")
+    if errors:
+        raise FleetError("model source not usable, nothing was changed on any host:\n  " + "\n  ".join(errors))
+    return resolved
+
+
+def with_weights(spark: Endpoint) -> Endpoint:
+    """The endpoint with its model source resolved; SourceError (a sentence naming the variable) when it cannot be."""
+    token = secrets.resolve(spark.config.hf_token) if spark.config.hf_token else None
+    return replace(spark, weights=generations.resolve(spark.source, spark.config.hf_endpoint, token))

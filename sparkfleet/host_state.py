@@ -41,6 +41,8 @@ class StateQuery:
     weights_args: tuple[str, ...]  # `stage_weights.py check` arguments
     manifest: str  # the staged weights' manifest and the copy the running endpoint started with
     loaded_weights: str
+    model_root: str  # the model's generations, and the unit files whose mounts keep one in use
+    unit_files: tuple[str, ...]
 
     def as_dict(self) -> dict[str, Any]:
         return {key: list(value) if isinstance(value, tuple) else value for key, value in asdict(self).items()}

@@ -9,8 +9,10 @@ import hashlib
 import io
 import json
 import posixpath
+import re
 import shlex
 from collections.abc import Generator
+from dataclasses import dataclass
 from pathlib import Path
 
 from pyinfra import host
@@ -298,15 +300,28 @@ def image_pulled(image: str):
     yield f"docker pull --quiet {shlex.quote(image)}"
 
 
+@dataclass(frozen=True)
+class Fetch:
+    """How a generation's files reach this Spark: from the source, or from a peer Spark with the source as the
+    fallback. Every file is verified against the controller's SHA256SUMS either way."""
+
+    source: ModelSource
+    peer_url: str = ""  # http://<peer>:<port>/<model>/<generation>: try it first
+    image: str = ""  # hub: the vLLM image, whose huggingface_hub downloads
+    hub_env: str = ""  # hub: root-only env file with HF_ENDPOINT and HF_TOKEN
+    commit: str = ""  # hub: the commit the revision resolved to
+
+
 @operation()
-def weights_staged(script: str, dest: str, source: ModelSource, verify: str, sums_file: str = ""):
+def weights_staged(script: str, dest: str, sums_file: str, verify: str, fetch: Fetch, waiting: str = ""):
     """
-    Stage model weights into `dest`: verified by sha256, resumable, and never fetched twice.
+    Stage one generation of model weights into `dest`: verified by sha256, resumable, never fetched twice.
 
     + script: the staging script on the Spark (its `check` verdict comes with the host state)
-    + source: an http(s) mirror (with SHA256SUMS) or a directory on the controller
+    + sums_file: the generation's SHA256SUMS, uploaded by the deploy
     + verify: `fast` (sizes and mtimes) or `full` (re-hash every file)
-    + sums_file: for a controller directory: the uploaded SHA256SUMS
+    + fetch: where the files come from (Fetch)
+    + waiting: not this host's fan-out round: why it waits (nothing runs)
     """
     if (found := (yield from _read())) is None:
         return
@@ -320,18 +335,74 @@ def weights_staged(script: str, dest: str, source: ModelSource, verify: str, sum
     if result["state"] == "ok":
         host.noop(f"weights in {dest} match the manifest ({result['files']} files)")
         return
-    full = ["--full"] if verify == "full" else []
-    if source.kind == "mirror":
-        yield shlex.join(["python3", script, "stage", "--dest", dest, "--sums-url", source.sums_url, *full])
+    if waiting:
+        host.noop(waiting)
         return
+    full = ["--full"] if verify == "full" else []
+    stage = ["python3", script, "stage", "--dest", dest, "--sums-file", sums_file, *full]
     staging = f"{dest}/.staging"
-    yield f"mkdir -p {shlex.quote(staging)}"
-    # --compare-dest skips files already in place (same size and mtime): only what is missing travels.
-    flags = ["-a", "--partial", f"--compare-dest={dest}/", "--exclude=.*", "--exclude=SHA256SUMS",
-             *(["--checksum"] if full else [])]
-    yield RsyncCommand(source.path.rstrip("/") + "/", staging + "/", flags)
-    yield shlex.join(["python3", script, "stage", "--dest", dest, "--sums-file", sums_file, "--staged", staging,
-                      *full])
+    peer = f"{shlex.join([*stage, '--base-url', fetch.peer_url])} || " if fetch.peer_url else ""
+    source = fetch.source
+    if source.kind == "mirror":
+        yield peer + shlex.join([*stage, "--base-url", source.url or ""])
+    elif source.kind == "hub":
+        download = ["docker", "run", "--rm", "--network", "host", "--env-file", fetch.hub_env, "--volume",
+                    f"{staging}:/stage", "--entrypoint", "hf", fetch.image, "download", source.repo or "",
+                    "--revision", fetch.commit, "--local-dir", "/stage"]
+        yield (f"{peer}{{ mkdir -p {shlex.quote(staging)} && {shlex.join(download)} && "
+               f"{shlex.join([*stage, '--staged', staging])}; }}")
+    else:
+        if peer:
+            yield peer + "true"  # what the peer could not give, the controller sends below
+        yield f"mkdir -p {shlex.quote(staging)}"
+        # --compare-dest skips files already in place: only what is missing travels (sizes: a peer's copies
+        # have other mtimes; each file is verified by sha256 all the same).
+        flags = ["-a", "--partial", f"--compare-dest={dest}/", "--size-only", "--exclude=.*", "--exclude=SHA256SUMS",
+                 *(["--checksum"] if full else [])]
+        yield RsyncCommand((source.path or "").rstrip("/") + "/", staging + "/", flags)
+        yield shlex.join([*stage, "--staged", staging])
+
+
+GENERATION = re.compile(r"[0-9a-f]{40}|sha256-[0-9a-f]{16}")
+
+
+def prunable(dirs: dict[str, float], in_use: set[str], wanted: str, keep: int) -> list[str]:
+    """Generations to delete: never the wanted one or one a unit mounts; of the rest, the newest stay until
+    `keep` are kept in all."""
+    generations = {name: mtime for name, mtime in dirs.items() if GENERATION.fullmatch(name)}
+    kept = {wanted} | (in_use & set(generations))
+    for name in sorted(generations, key=lambda name: generations[name], reverse=True):
+        if len(kept) >= keep:
+            break
+        kept.add(name)
+    return sorted(set(generations) - kept)
+
+
+@operation()
+def weights_pruned(root: str, wanted: str, keep: int):
+    """
+    Remove old generations of a model's weights that no unit uses, keeping `keep` (and weights of the flat
+    layout from before generations, once the unit no longer mounts them).
+
+    + root: model_dir/<model>
+    + wanted: the generation this deploy serves
+    + keep: weights_keep
+    """
+    if (found := (yield from _read())) is None:
+        return
+    listing = found["generations"]
+    mounted = set(listing["in_use"])
+    in_use = {posixpath.basename(path) for path in mounted if posixpath.dirname(path.rstrip("/")) == root}
+    old = [f"{root}/{name}" for name in prunable(listing["dirs"], in_use, wanted, keep)]
+    flat = listing["flat"] and root not in {path.rstrip("/") for path in mounted}
+    if not old and not flat:
+        host.noop(f"{root} keeps {len(listing['dirs'])} generation(s), none unused beyond weights_keep")
+        return
+    if flat:  # the files of the layout from before generations (its manifest among them), and its .staging
+        yield (f"find {shlex.quote(root)} -mindepth 1 -maxdepth 1 \\( -type f -o -name .staging \\) "
+               "-exec rm -rf {} +")
+    if old:
+        yield StringCommand("rm", "-rf", *old)
 
 
 @operation()

@@ -17,7 +17,6 @@ from pyinfra.api import FactBase, QuoteString, StringCommand
 
 from sparkfleet.endpoint import CONTAINER, DAEMON_JSON, UNIT, Endpoint
 from sparkfleet.facts import json_object
-from sparkfleet.manifest import SKIP
 from sparkfleet.memory import budget, gb
 from sparkfleet.rules import Finding, memory_budget_for
 from sparkfleet.vllm_flags import flag_set
@@ -114,12 +113,10 @@ def flag_key(flag: str) -> str:
 
 
 def checkpoint_size(endpoint: Endpoint) -> int:
-    """Bytes the weights take on the Spark: the real size of a controller directory (the lab stages a ~1 GiB
-    stand-in), otherwise the recipe's checkpoint_bytes (mirrors and the Hub are not asked)."""
-    source = Path(endpoint.source.path) if endpoint.source.kind == "controller" else None
-    if source is not None and source.is_dir():
-        files = (p for p in source.rglob("*") if p.is_file() and p.name not in SKIP and not p.name.startswith("."))
-        return sum(p.stat().st_size for p in files)
+    """Bytes the generation's weights take on the Spark, as the Hub or the controller directory list them (the lab
+    stages a ~1 GiB stand-in); the recipe's checkpoint_bytes where the source gives no sizes (a mirror)."""
+    if endpoint.weights is not None and endpoint.weights.total_bytes is not None:
+        return endpoint.weights.total_bytes
     return endpoint.recipe.model.checkpoint_bytes
 
 

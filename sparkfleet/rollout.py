@@ -23,10 +23,9 @@ from rich.table import Table
 
 from sparkfleet import bench, tables
 from sparkfleet.deploys.health import CHECKER, COMMON, CONFIG, STATE_DIR, wait_command
-from sparkfleet.endpoint import ENV_FILE, UNIT, UNIT_FILE
+from sparkfleet.endpoint import ENV_FILE, KNOWN_GOOD, UNIT, UNIT_FILE
 from sparkfleet.runner import DeployRun, Reply, Runner, load_hosts, quiet_pyinfra
 
-KNOWN_GOOD = "/var/lib/sparkfleet/known-good"
 # The checker goes back with its configuration: a newer checker may refuse an older health.json.
 KEPT = (UNIT_FILE, ENV_FILE, CONFIG, CHECKER, COMMON)
 PHASE = "sparkfleet_phase"

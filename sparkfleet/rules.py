@@ -332,14 +332,11 @@ memory_budget = memory_budget_for(SPARK_MEMORY_BYTES)
 
 
 def model_source(endpoint: Endpoint, flags: FlagSet) -> Iterator[Finding]:
-    """Staging from the Hub is not implemented yet, and a controller directory must hold the weights: say so
-    before anything runs (the weights step comes after the toolkit and runtime steps have changed the host)."""
+    """A controller directory must hold the weights: say so before anything runs (the weights step comes after
+    the toolkit and runtime steps have changed the host). Hub and mirror sources are asked when the fleet's
+    generations are resolved (fleet.resolve_weights), still before any change."""
     source = endpoint.source
-    if source.kind == "hub":
-        yield Finding("source.hf", "error", "model_source",
-                      f"{source}: staging from the Hugging Face Hub is not supported yet; set "
-                      "model_source to an http(s) mirror with SHA256SUMS or a directory on the controller")
-    elif source.kind == "controller":
+    if source.kind == "controller":
         yield from _controller_source(Path(source.path))
 
 

@@ -14,7 +14,7 @@ from pyinfra.api.operation import OperationMeta
 from pyinfra.context import ctx_state
 
 from sparkfleet.endpoint import Endpoint
-from sparkfleet.fleet import load_fleet
+from sparkfleet.fleet import load_fleet, resolve_weights
 
 # Package data, found the same way in an editable and an installed copy (templates/ is sparkfleet.templates).
 TEMPLATES = Path(str(resources.files("sparkfleet.templates")))
@@ -65,14 +65,20 @@ def once_per_host(read: Callable[..., T]) -> Callable[..., T]:
     return cached
 
 
+def fleet() -> dict[str, Endpoint]:
+    """Every targeted host's endpoint in this run (endpoint_for has validated them), in inventory order."""
+    return _fleets[id(ctx_state.get())]
+
+
 def endpoint_for(host: Host) -> Endpoint:
     """This host's endpoint; the first call validates every targeted host, so one bad host stops all."""
     key = id(ctx_state.get())
     if key not in _fleets:
         hosts = {h.name: h.data.dict() for h in state.inventory.iter_activated_hosts()}
-        _fleets[key], warnings = load_fleet(hosts)
+        endpoints, warnings = load_fleet(hosts)
         for warning in warnings:
             logger.warning(f"sparkfleet: {warning}")
+        _fleets[key] = resolve_weights(endpoints)
     restart_triggers.setdefault(host.name, [])
     activations.setdefault(host.name, [])
     toolkit_installs.setdefault(host.name, [])

@@ -3,7 +3,17 @@
 from __future__ import annotations
 
 from sparkfleet.deploys import health, runtime, service, toolkit, weights
-from sparkfleet.endpoint import DAEMON_JSON, ENV_FILE, ETC, LOADED_WEIGHTS, MANIFEST, UNIT, UNIT_FILE, Endpoint
+from sparkfleet.endpoint import (
+    DAEMON_JSON,
+    ENV_FILE,
+    ETC,
+    KNOWN_GOOD,
+    LOADED_WEIGHTS,
+    MANIFEST,
+    UNIT,
+    UNIT_FILE,
+    Endpoint,
+)
 from sparkfleet.host_state import StateQuery
 from sparkfleet.operations import RUNTIME
 
@@ -14,12 +24,14 @@ def state_query(spark: Endpoint) -> StateQuery:
         toolkit.PIN, toolkit.source_file(), DAEMON_JSON, ETC, service.UPLOADS, ENV_FILE, UNIT_FILE,
         weights.SCRIPT, health.COMMON, health.CHECKER, health.STATUS, health.CONFIG,
         *(f"/etc/systemd/system/{health.HEALTH}.{kind}" for kind in ("service", "timer")),
-        *([weights.sums_file(spark)] if spark.source.kind == "controller" else []),
+        weights.sums_file(spark), weights.HUB_ENV, weights.SHARE, f"/etc/systemd/system/{weights.SHARE_UNIT}.service",
     )
     return StateQuery(
-        files=files, units=(f"{UNIT}.service", f"{health.HEALTH}.timer"), runtime=RUNTIME,
+        files=files, units=(f"{UNIT}.service", f"{health.HEALTH}.timer", f"{weights.SHARE_UNIT}.service"),
+        runtime=RUNTIME,
         runtime_config=runtime.RUNTIME_CONFIG, keyring=toolkit.KEYRING, apt_url=toolkit.repo_url(spark),
         packages=toolkit.PACKAGES, image=spark.image, weights_script=weights.SCRIPT,
         weights_args=tuple(weights.check_args(spark)), manifest=f"{spark.weights_dir}/{MANIFEST}",
-        loaded_weights=LOADED_WEIGHTS,
+        loaded_weights=LOADED_WEIGHTS, model_root=spark.model_root,
+        unit_files=(UNIT_FILE, f"{KNOWN_GOOD}/{UNIT}.service"),
     )

@@ -345,6 +345,19 @@ def weights_loaded(manifest: str, loaded: str) -> str:
         return "differs"
 
 
+def generations(model_root: str, unit_files: list[str]) -> dict[str, Any]:
+    """The model's generation directories (name -> mtime), whether weights of the flat layout from before
+    generations sit in it, and the directories the unit and its known-good copy mount (those stay)."""
+    root = Path(model_root)
+    entries = list(root.iterdir()) if root.is_dir() else []
+    dirs = {entry.name: entry.stat().st_mtime for entry in entries if entry.is_dir() and not entry.name.startswith(".")}
+    mounts = []
+    for unit in unit_files:
+        text = Path(unit).read_text() if Path(unit).is_file() else ""
+        mounts += re.findall(r"--volume (\S+?):", text)
+    return {"dirs": dirs, "flat": (root / ".sparkfleet-manifest.json").exists(), "in_use": sorted(set(mounts))}
+
+
 def login_user() -> str:
     """The SSH user: under sudo, the one who ran it."""
     return os.environ.get("SUDO_USER") or pwd.getpwuid(os.getuid()).pw_name
@@ -365,6 +378,7 @@ def deploy_state(query: dict[str, Any]) -> dict[str, Callable[[], Any]]:
         "weights": lambda: weights_check(query["weights_script"], query["weights_args"]),
         "weights_loaded": lambda: weights_loaded(query["manifest"], query["loaded_weights"]),
         "login_user": login_user,
+        "generations": lambda: generations(query["model_root"], query["unit_files"]),
     }
     if query.get("weights_args") is None:
         del probes["weights"]  # a re-read after a change keeps the first verdict (host_state.current)

@@ -11,7 +11,11 @@ renamed into place. DEST/.sparkfleet-manifest.json, written last, records each f
 re-run on intact weights only stats them (20-40 GB are not re-hashed on every deploy).
 
     check --dest DEST (--sums-url URL | --sums-file PATH | --digest HEX) [--full]    one JSON object on stdout
-    stage --dest DEST (--sums-url URL | --sums-file PATH) [--staged DIR] [--full] [--min-free-bytes N]
+    stage --dest DEST (--sums-url URL | --sums-file PATH [--base-url URL]) [--staged DIR] [--full]
+          [--min-free-bytes N]
+
+--base-url fetches the files listed in --sums-file from another server (a Spark that holds them verified, or a
+mirror), so the list comes from the controller and the bytes from wherever is nearest.
 
 Exit codes: 0 ok (check: also when stale), 1 unexpected OS error, 2 usage or invalid SHA256SUMS,
 3 not enough space, 4 checksum mismatch, 5 fetch error (HTTP, unreachable source, staged file missing).
@@ -543,7 +547,8 @@ def cmd_stage(args: argparse.Namespace) -> int:
         finish(dest, wanted, manifest)
         print(f"weights already in place: {len(in_place)} files")
         return EXIT_OK
-    sums_url = None if args.staged else wanted.sums_url
+    base = args.base_url.rstrip("/") + "/" + SUMS_NAME if args.base_url else wanted.sums_url
+    sums_url = None if args.staged else base
     staging = Path(args.staged) if args.staged else dest / STAGING_NAME
     lengths = {rel: head_length(file_url(sums_url, rel)) for rel in needed} if sums_url else {}
     ensure_space(dest, bytes_to_fetch(staging, lengths), args.min_free_bytes)
@@ -602,6 +607,7 @@ def build_parser() -> argparse.ArgumentParser:
         if sub is check:
             source.add_argument("--digest", type=sha256_hex, help="sha256 of the wanted SHA256SUMS")
     stage.add_argument("--staged", help="directory the controller filled (default DEST/.staging)")
+    stage.add_argument("--base-url", type=http_url, help="fetch the files of --sums-file from <base>/<path>")
     stage.add_argument(
         "--min-free-bytes", type=byte_count, default=GIB, help="space to leave free (default 1 GiB)"
     )
