@@ -19,6 +19,14 @@ _OVERRIDES = _REPO / ".lab" / "host_data.json"
 _overrides = json.loads(_OVERRIDES.read_text()) if _OVERRIDES.exists() else {}
 
 
+def _source(lab_host: dict, arm64: bool) -> dict:
+    if arm64:
+        return {"model_source": _lab["model_local_dir"]}
+    if lab_host["name"] in ("spark-01", "spark-02"):
+        return {}
+    return {"model_source": _lab["model_mirror_url"]}
+
+
 def _host(lab_host: dict) -> tuple[str, dict]:
     arm64 = lab_host["arch"] == "arm64"
     # Endpoints listen on each host container's own address (the unit runs vLLM on the host's network), which
@@ -39,9 +47,11 @@ def _host(lab_host: dict) -> tuple[str, dict]:
         "nvidia_repo_url": _lab["nvidia_repo_url"],
         "nvidia_key_url": _lab["nvidia_key_url"],
         "nvidia_key_fingerprint": _lab["nvidia_key_fingerprint"],
-        # The arm64 host pulls weights from the controller, the amd64 hosts from the lab's mirror,
-        # so both staging paths run on every deploy.
-        "model_source": _lab["model_local_dir"] if arm64 else _lab["model_mirror_url"],
+        # The first two amd64 hosts take the default source, the recipe's model on the Hub (the lab's stand-in,
+        # through the real huggingface_hub client); spark-03 and blank hosts a mirror, the arm64 host (which cannot
+        # start containers, so cannot run the Hub download) the controller: every source is staged on every deploy.
+        **_source(lab_host, arm64),
+        "hf_endpoint": _lab["hf_endpoint"],
         "vllm_api_key": "file:" + str(_REPO / ".lab" / "secrets" / "vllm_api_key"),
         # Containers cannot start under qemu-user emulation: stage everything, start nothing.
         "vllm_start": not arm64,

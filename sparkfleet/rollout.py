@@ -12,23 +12,28 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shlex
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 from rich.table import Table
 
 from sparkfleet import bench, tables
 from sparkfleet.deploys.health import CHECKER, COMMON, CONFIG, STATE_DIR, wait_command
 from sparkfleet.endpoint import ENV_FILE, KNOWN_GOOD, UNIT, UNIT_FILE
-from sparkfleet.runner import DeployRun, Reply, Runner, load_hosts, quiet_pyinfra
+from sparkfleet.preflight import checkpoint_size
+from sparkfleet.runner import DeployRun, Pending, Reply, Runner, load_hosts, quiet_pyinfra
 
 # The checker goes back with its configuration: a newer checker may refuse an older health.json.
 KEPT = (UNIT_FILE, ENV_FILE, CONFIG, CHECKER, COMMON)
 PHASE = "sparkfleet_phase"
+PROGRESS_SECONDS = 3  # how often the stage phase reads each host's staged bytes
 
 
 @dataclass
@@ -134,7 +139,8 @@ def _gate(runner: Runner, hosts: list[str], timeout: int) -> dict[str, tuple[boo
 
 
 def run(runner: Runner, hosts: list[str], serving: set[str], canary: int, batch: int, timeout: int,
-        say: Callable[[str], None], gate: bench.Gate | None = None) -> Rollout:
+        say: Callable[[str], None], gate: bench.Gate | None = None,
+        watch: Callable[[Pending], DeployRun] | None = None) -> Rollout:
     """Stage everywhere, then each batch: snapshot, deploy, gate; on a bad batch roll it back and stop.
 
     With a bench `gate`, its hosts in a batch are benched before the batch changes them (when they have no
@@ -144,7 +150,7 @@ def run(runner: Runner, hosts: list[str], serving: set[str], canary: int, batch:
         for host in members:
             plan.results[host] = HostResult(host, number)
     say(f"staging weights and images on {len(hosts)} hosts (no restart)")
-    stage = runner.deploy(hosts, [f"{PHASE}=stage"])
+    stage = watch(runner.start_deploy(hosts, [f"{PHASE}=stage"])) if watch else runner.deploy(hosts, [f"{PHASE}=stage"])
     if not stage.ok:
         _stage_failed(plan, stage)
         return plan
@@ -245,13 +251,13 @@ def main(args: argparse.Namespace) -> int:
     """Validate first (bad inventory or arguments change nothing), then roll out; exit 1 when any batch failed.
 
     A `--limit` that targets no host raises runner.TargetError before anything runs (the CLI prints it)."""
-    from sparkfleet.fleet import FleetError, load_fleet
+    from sparkfleet.fleet import FleetError, load_fleet, resolve_weights
 
     console = Console(stderr=args.json)
     quiet_pyinfra()
     state, hosts = load_hosts(args.inventory, args.limit, args.data)
     try:
-        endpoints, _ = load_fleet({host.name: host.data.dict() for host in hosts})
+        endpoints = resolve_weights(load_fleet({host.name: host.data.dict() for host in hosts})[0])
     except FleetError as error:
         console.print(f"[red]{error}[/red]")
         return 1
@@ -266,12 +272,39 @@ def main(args: argparse.Namespace) -> int:
     gate = bench.Gate(state, gated, endpoints, bench.Load(args.bench_concurrency, args.bench_duration),
                       args.bench_tolerance, say) if gated else None
     runner = Runner(args.inventory, state, hosts, args.data)
-    plan = run(runner, names, serving, args.canary, args.batch, timeout, say, gate)
+    sizes = {name: (spark.weights_dir, checkpoint_size(spark)) for name, spark in endpoints.items()}
+    watch = None if args.json else staging_progress(runner, console, sizes)
+    plan = run(runner, names, serving, args.canary, args.batch, timeout, say, gate, watch)
     if args.json:
         sys.stdout.write(json.dumps(plan.as_json(), indent=2) + "\n")
     else:
         console.print(summary_table(plan, console))
     return 0 if plan.failed_batch is None else 1
+
+
+def staging_progress(runner: Runner, console: Console,
+                     sizes: dict[str, tuple[str, int]]) -> Callable[[Pending], DeployRun]:
+    """A watcher of the stage phase: per host, the bytes of its weights generation so far, rate and ETA (read
+    with `du` every few seconds while the deploy runs)."""
+
+    def watch(pending: Pending) -> DeployRun:
+        columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                   TimeRemainingColumn())
+        with Progress(*columns, console=console) as progress:
+            tasks = {name: progress.add_task(name, total=size) for name, (_, size) in sizes.items()}
+            by_dir: dict[str, list[str]] = {}
+            for name, (directory, _) in sizes.items():
+                by_dir.setdefault(directory, []).append(name)
+            while pending.running():
+                for directory, names in by_dir.items():
+                    command = f"du -sb {shlex.quote(directory)} 2>/dev/null | cut -f1"
+                    for name, reply in runner.shell(names, command).items():
+                        if reply.ok and reply.stdout and reply.stdout[0].strip().isdigit():
+                            progress.update(tasks[name], completed=int(reply.stdout[0]))
+                time.sleep(PROGRESS_SECONDS)
+        return pending.result()
+
+    return watch
 
 
 def summary_table(plan: Rollout, console: Console) -> Table:

@@ -21,6 +21,7 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -337,15 +338,26 @@ class DeployRun:
 
 
 class Pending:
-    """deploy.py running in the background; `result()` waits for it."""
+    """deploy.py running in the background; `result()` waits for it, `running()` asks (its output is read all the
+    while, so a chatty run never blocks on a full pipe)."""
 
     def __init__(self, hosts: list[str], command: list[str], dry: bool) -> None:
         self.hosts, self.dry = hosts, dry
         self._process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                          env=environment())
+        self._output: tuple[str, str] = ("", "")
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        self._output = self._process.communicate()
+
+    def running(self) -> bool:
+        return self._reader.is_alive()
 
     def result(self) -> DeployRun:
-        stdout, stderr = self._process.communicate()
+        self._reader.join()
+        stdout, stderr = self._output
         return DeployRun(self.hosts, self.dry, self._process.returncode, read_report(stdout), stderr)
 
 

@@ -18,7 +18,7 @@ import pytest
 import testinfra
 
 from sparkfleet.endpoint import Endpoint
-from sparkfleet.fleet import load_endpoint
+from sparkfleet.fleet import load_endpoint, with_weights
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -67,6 +67,7 @@ def _sparks(inventory: str) -> list[Spark]:
     for name, data in hosts.items():
         endpoint, errors, _ = load_endpoint(name, data)
         assert endpoint is not None and not errors, errors
+        endpoint = with_weights(endpoint)  # the generation the deploy resolved: the same source, asked again
         sudo = "&sudo=true" if data.get("ssh_user") not in (None, "root") else ""
         host = testinfra.get_host(f"ssh://{name}?ssh_config={ssh_config}{sudo}")
         sparks.append(Spark(name, host, endpoint, data))

@@ -9,12 +9,10 @@ import pytest
 
 from sparkfleet.deploys.health import STATE_DIR
 from sparkfleet.deploys.toolkit import PACKAGES
-from sparkfleet.endpoint import CONTAINER, ENV_FILE, UNIT
+from sparkfleet.endpoint import CONTAINER, ENV_FILE, UNIT, UNIT_FILE
 from sparkfleet.secrets import resolve
 from sparkfleet.unit import UnitView
 from tests.verify.conftest import Spark
-
-UNIT_FILE = f"/etc/systemd/system/{UNIT}.service"
 
 
 def _serving(spark: Spark) -> None:
@@ -73,13 +71,21 @@ def test_foreign_daemon_json_keys_kept(spark: Spark) -> None:
     assert daemon["insecure-registries"] == ["registry.lab:5000"]
 
 
-def test_weights_match_manifest(spark: Spark) -> None:
+def test_weights_are_the_sources_generation(spark: Spark) -> None:
+    """Every file re-hashed against the SHA256SUMS the source gives now (the Hub's metadata, a mirror's list or the
+    controller directory), in the directory named by that generation, which the unit mounts."""
+    generation = spark.endpoint.weights
+    assert generation is not None
     weights = spark.endpoint.weights_dir
+    assert weights.endswith(f"/{generation.id}")
+    sums = spark.host.file(f"/var/lib/sparkfleet/weights/{spark.endpoint.model_slug}/{generation.id}.SHA256SUMS")
+    assert sums.content_string == generation.sums
     check = spark.host.run(f"python3 /usr/local/lib/sparkfleet/stage_weights.py check --dest {weights} --full "
-                           f"--digest $(python3 -c \"import json;print(json.load(open('{weights}/"
-                           ".sparkfleet-manifest.json'))['source_digest'])\")")
+                           f"--sums-file {sums.path}")
     assert check.rc == 0, check.stderr
-    assert json.loads(check.stdout)["state"] == "ok", check.stdout
+    verdict = json.loads(check.stdout)
+    assert verdict["state"] == "ok" and verdict["files"] == len(generation.sums.splitlines()), check.stdout
+    assert f"--volume {weights}:" in spark.host.file(UNIT_FILE).content_string
 
 
 def test_unit_rendered_from_recipe(spark: Spark) -> None:
