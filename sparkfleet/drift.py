@@ -113,7 +113,8 @@ def facts(spark: Endpoint, report: dict[str, Any], changes: list[str]) -> dict[s
         "env_file": {"sha256": report.get("env_sha256"), "would_change": would_change("env_file")},
         "image": {"running": report.get("image"), "running_id": report.get("image_id"), "wanted": spark.image,
                   "wanted_id": report.get("wanted_image_id")},
-        "weights": report.get("weights"),
+        "weights": {"check": report.get("weights"), "serving": report.get("weights_generation"),
+                    "wanted": spark.weights.label if spark.weights else None},
         "last_health": report.get("last_result"),
     }
 

@@ -99,7 +99,8 @@ def collect(inventory: str, limits: Iterable[str] = (), data: Iterable[str] = ()
 # (in this order), else a detail line under the host's row; --wide keeps them all in the row.
 COLUMNS = (
     Column("host", key=True), Column("endpoint", key=True), Column("health", key=True),
-    Column("uptime", right=True), Column("restarts", right=True), Column("model", key=True), Column("image"),
+    Column("uptime", right=True), Column("restarts", right=True), Column("model", key=True), Column("weights"),
+    Column("image"),
     Column("KV cache", right=True), Column("MTP accept", right=True), Column("running", right=True),
     Column("waiting", right=True), Column("served name"), Column("last alert"),
 )
@@ -168,7 +169,8 @@ def row(answer: Answer) -> list[str]:
     return [
         text(answer.host), endpoint_state(s), coloured(health, HEALTH_COLOURS.get(health or "")),
         duration(s.get("uptime_seconds")), text(s.get("restarts")), short_model(s.get("model")),
-        short_image(s.get("image")), percent(s.get("kv_cache_usage")), percent(s.get("mtp_acceptance")),
+        text((s.get("weights_generation") or "")[:12] or None), short_image(s.get("image")),
+        percent(s.get("kv_cache_usage")), percent(s.get("mtp_acceptance")),
         text(s.get("requests_running")), text(s.get("requests_waiting")), text(s.get("served_name")),
         last_alert(s.get("last_alert")),
     ]

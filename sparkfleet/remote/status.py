@@ -16,6 +16,7 @@ import argparse
 import hashlib
 import http.client
 import json
+import re
 import shlex
 import socket
 import subprocess
@@ -291,6 +292,16 @@ def serving(layout: Layout) -> dict[str, Any]:
 # --- the report ----------------------------------------------------------------------------------------
 
 
+def mounted_generation(unit_file: Path) -> str | None:
+    """The weights generation the unit mounts (its directory's name: a Hub commit or sha256-<digest>)."""
+    try:
+        text = unit_file.read_text()
+    except OSError:
+        return None
+    found = re.search(r"--volume (\S+?):/models/", text)
+    return found.group(1).rstrip("/").rsplit("/", 1)[-1] if found else None
+
+
 def collect(layout: Layout, image: str | None = None, weights: list[str] | None = None,
             with_serving: bool = False) -> dict[str, Any]:
     """Everything in one object; `image` adds the local id of the wanted image, `weights` the weights check,
@@ -307,6 +318,7 @@ def collect(layout: Layout, image: str | None = None, weights: list[str] | None 
         "runtime_in_dockerd": runtimes(run(["docker", "info", "--format", "{{json .Runtimes}}"], TIMEOUT)),
         "unit_sha256": sha256(layout.unit_file),
         "env_sha256": sha256(layout.env_file),
+        "weights_generation": mounted_generation(layout.unit_file),
     }
     if image:
         wanted = run(["docker", "image", "inspect", "-f", "{{.Id}}", image], TIMEOUT)
