@@ -21,6 +21,17 @@ from sparkfleet.unit import UnitView
 UPLOADS = "/var/lib/sparkfleet/uploads"
 
 
+def prepare(spark: Endpoint) -> None:
+    """What steps 3 and 4 write into, and the image: pulled before the weights, whose Hub download runs in it."""
+    found = current()
+    managed_directory(name="Create sparkfleet's configuration directory", path=ETC, mode="755")
+    login = (found.get("login_user", "") if found else "") or "root"
+    managed_directory(name=f"Create a private upload directory for secrets, owned by {login} (the SSH user)",
+                      path=UPLOADS, user=login, mode="700")
+    restart_triggers[spark.host].append(image_pulled(name=f"Pull {spark.image} now, never on boot",
+                                                     image=spark.image))
+
+
 def env_file(spark: Endpoint) -> str:
     """KEY=value lines for docker --env-file and systemd EnvironmentFile (values have no whitespace)."""
     config = spark.config
@@ -36,13 +47,8 @@ def env_file(spark: Endpoint) -> str:
 def install_service(spark: Endpoint) -> None:
     triggers = restart_triggers[spark.host]
     found = current()
-    managed_directory(name="Create sparkfleet's configuration directory", path=ETC, mode="755")
-    login = (found.get("login_user", "") if found else "") or "root"
-    managed_directory(name=f"Create a private upload directory for secrets, owned by {login} (the SSH user)",
-                      path=UPLOADS, user=login, mode="700")
-    triggers.append(image_pulled(name=f"Pull {spark.image} now, never on boot", image=spark.image))
     if staging_only(host):
-        return  # rollout stages the image everywhere first; the unit changes batch by batch
+        return  # rollout stages weights and image everywhere first (step 3); the unit changes batch by batch
     # Created empty and root-only first, then filled: a copy into an existing file keeps its mode, so the
     # secrets are never readable by others, not even between the copy and the chmod.
     triggers.append(managed_file(

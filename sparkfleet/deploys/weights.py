@@ -20,6 +20,7 @@ from pyinfra.operations import systemd
 
 from sparkfleet import secrets
 from sparkfleet.deploys.context import LIB, REMOTE, TEMPLATES, changed, fleet, restart_triggers, will_change
+from sparkfleet.deploys.service import UPLOADS, prepare
 from sparkfleet.endpoint import ETC, Endpoint
 from sparkfleet.operations import Fetch, managed_file, unit_state, weights_pruned, weights_staged
 
@@ -86,6 +87,7 @@ def hub_env(spark: Endpoint) -> str:
 def stage_weights(spark: Endpoint) -> None:
     weights = spark.weights
     assert weights is not None  # resolved with the fleet (context.endpoint_for)
+    prepare(spark)
     managed_file(name="Install the weight staging script", src=str(REMOTE / "stage_weights.py"), dest=SCRIPT,
                  mode="755")
     managed_file(name=f"Write the SHA256SUMS of {weights.label}, from the source's own metadata",
@@ -94,7 +96,7 @@ def stage_weights(spark: Endpoint) -> None:
     if spark.source.kind == "hub":
         managed_file(name="Write the Hub download's settings (endpoint, token) to a root-only env file",
                      src=io.StringIO(hub_env(spark)), dest=HUB_ENV, user="root", group="root", mode="600",
-                     private=True)
+                     private=True, _temp_dir=UPLOADS)
         fetch = Fetch(spark.source, image=spark.image, hub_env=HUB_ENV, commit=weights.commit or "")
     endpoints = fleet()
     share(spark, endpoints)
