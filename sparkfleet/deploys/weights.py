@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import urllib.parse
 from dataclasses import replace
+from typing import Any
 
 from pyinfra import host, state
 from pyinfra.api import deploy
@@ -45,13 +46,14 @@ def check_args(spark: Endpoint) -> list[str]:
             *(["--full"] if spark.config.weights_verify == "full" else [])]
 
 
-def peer_address(spark: Endpoint, ssh_hostname: str | None) -> str:
-    """Where the other Sparks reach this one: peer_address, else vllm_url's host, else the SSH host."""
-    if spark.config.peer_address:
-        return spark.config.peer_address
-    if spark.config.vllm_url:
-        return urllib.parse.urlsplit(spark.config.vllm_url).hostname or spark.host
-    return ssh_hostname or spark.host
+def peer_address(name: str, data: dict[str, Any]) -> str:
+    """Where the other Sparks reach a host (its inventory data): peer_address, else vllm_url's host, else the SSH
+    host, else its name."""
+    if data.get("peer_address"):
+        return str(data["peer_address"])
+    if data.get("vllm_url"):
+        return urllib.parse.urlsplit(str(data["vllm_url"])).hostname or name
+    return str(data.get("ssh_hostname") or name)
 
 
 def fanout(endpoints: dict[str, Endpoint]) -> tuple[int, dict[str, tuple[int, str | None]]]:
@@ -99,7 +101,7 @@ def stage_weights(spark: Endpoint) -> None:
                      private=True, _temp_dir=UPLOADS)
         fetch = Fetch(spark.source, image=spark.image, hub_env=HUB_ENV, commit=weights.commit or "")
     endpoints = fleet()
-    share(spark, endpoints)
+    share(spark)
     rounds, plan = fanout(endpoints)
     number, peer = plan[spark.host]
     staged = []
@@ -107,9 +109,9 @@ def stage_weights(spark: Endpoint) -> None:
         mine = current == number
         peer_url = ""
         if mine and peer is not None:
-            other = endpoints[peer]
-            address = peer_address(other, state.inventory.get_host(peer).data.get("ssh_hostname"))
-            peer_url = f"http://{address}:{other.config.weights_share_port}/{spark.model_slug}/{weights.id}"
+            address = peer_address(peer, state.inventory.get_host(peer).data.dict())
+            port = endpoints[peer].config.weights_share_port
+            peer_url = f"http://{address}:{port}/{spark.model_slug}/{weights.id}"
         how = f" from {peer}" if peer else " from the source" if mine else ""
         staged.append(weights_staged(
             name=f"Stage {weights.label} into {spark.weights_dir}, fan-out round {current + 1}/{rounds}{how}",
@@ -122,13 +124,14 @@ def stage_weights(spark: Endpoint) -> None:
                    root=spark.model_root, wanted=weights.id, keep=spark.config.weights_keep)
 
 
-def share(spark: Endpoint, endpoints: dict[str, Endpoint]) -> None:
-    """The read-only share other Sparks copy from (fan-out on), or none (off)."""
+def share(spark: Endpoint) -> None:
+    """The read-only share other Sparks copy from (fan-out on), or none (off). Every host of the inventory may
+    connect, not only this run's targets: the unit must not change with `--limit`."""
     on = spark.config.weights_fanout
     managed_file(name="Install the weight share that other Sparks copy from", src=str(REMOTE / "share_weights.py"),
                  dest=SHARE, mode="755")
-    peers = sorted({peer_address(other, state.inventory.get_host(name).data.get("ssh_hostname"))
-                    for name, other in endpoints.items() if name != spark.host})
+    peers = sorted({peer_address(other.name, other.data.dict()) for other in state.inventory
+                    if other.name != spark.host})
     values = {"script": SHARE, "root": spark.config.model_dir, "port": spark.config.weights_share_port,
               "peers": peers}
     unit = managed_file(
