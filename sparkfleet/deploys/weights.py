@@ -10,6 +10,7 @@ generation take it in rounds: the first from the source, then each Spark holding
 from __future__ import annotations
 
 import io
+import ipaddress
 import urllib.parse
 from dataclasses import replace
 from typing import Any
@@ -77,6 +78,14 @@ def fanout(endpoints: dict[str, Endpoint]) -> tuple[int, dict[str, tuple[int, st
     return max((number for number, _ in plan.values()), default=0) + 1, plan
 
 
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text.strip("[]"))
+    except ValueError:
+        return False
+    return True
+
+
 def hub_env(spark: Endpoint) -> str:
     config = spark.config
     values = {"HF_ENDPOINT": config.hf_endpoint, "HF_TOKEN": secrets.resolve(config.hf_token) if config.hf_token
@@ -132,6 +141,8 @@ def share(spark: Endpoint) -> None:
                  dest=SHARE, mode="755")
     peers = sorted({peer_address(other.name, other.data.dict()) for other in state.inventory
                     if other.name != spark.host})
+    if not all(_is_ip(peer) for peer in peers):
+        peers = []  # systemd filters by address only: with names in the fleet, the share takes every address
     values = {"script": SHARE, "root": spark.config.model_dir, "port": spark.config.weights_share_port,
               "peers": peers}
     unit = managed_file(
