@@ -392,7 +392,7 @@ def weights_pruned(root: str, wanted: str, keep: int):
         return
     listing = found["generations"]
     mounted = set(listing["in_use"])
-    in_use = {posixpath.basename(path) for path in mounted if posixpath.dirname(path.rstrip("/")) == root}
+    in_use = {posixpath.basename(path.rstrip("/")) for path in mounted if posixpath.dirname(path.rstrip("/")) == root}
     old = [f"{root}/{name}" for name in prunable(listing["dirs"], in_use, wanted, keep)]
     flat = listing["flat"] and root not in {path.rstrip("/") for path in mounted}
     if not old and not flat:

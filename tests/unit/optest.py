@@ -139,10 +139,11 @@ def _file(path: str, entry: dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 def arguments(args: dict[str, Any], tmp_path: Path) -> dict[str, Any]:
-    """A case's `args`, with `src: {text: ...}` as a StringIO, `src: {file: ...}` as a local file and a `source`
-    parsed as the inventory's model_source is."""
-    if isinstance(args.get("source"), str):
-        args = {**args, "source": ModelSource.parse(args["source"])}
+    """A case's `args`, with `src: {text: ...}` as a StringIO, `src: {file: ...}` as a local file and a
+    `fetch: {source: ..., ...}` as a Fetch, its source parsed as the inventory's model_source is."""
+    if isinstance(args.get("fetch"), dict):
+        fetch = args["fetch"]
+        args = {**args, "fetch": operations.Fetch(**{**fetch, "source": ModelSource.parse(fetch["source"])})}
     src = args.get("src")
     if not isinstance(src, dict):
         return args

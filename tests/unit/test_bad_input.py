@@ -20,7 +20,6 @@ from sparkfleet.preflight import SparkFacts
 REPO = Path(__file__).resolve().parents[2]
 MIRROR = "http://mirror.lan/models/qwen"
 SOURCE = ModelSource.parse(MIRROR)
-SOURCE = ModelSource.parse(MIRROR)
 GOOD = {"model_source": MIRROR, "ssh_user": "admin"}
 
 
@@ -153,7 +152,8 @@ def test_a_weights_check_without_a_verdict_stops_the_step_with_a_message(monkeyp
     verdict = {"state": "error", "error": "it printed 'Traceback', not one JSON object"}
     state = HostState({"state": {"weights": verdict}})
     monkeypatch.setattr(operations, "current", lambda: state)
-    (command,) = operations.weights_staged._inner(script="/s.py", dest="/var/lib/m", source=SOURCE, verify="fast")
+    (command,) = operations.weights_staged._inner(script="/s.py", dest="/var/lib/m", sums_file="/m.SHA256SUMS",
+                                                  verify="fast", fetch=operations.Fetch(SOURCE))
     assert str(command).startswith("echo 'the weights check in /var/lib/m gave no verdict (it printed '")
     assert "python3 /s.py check --help" in str(command) and str(command).endswith("nothing was staged' >&2; exit 1")
 

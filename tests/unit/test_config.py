@@ -7,6 +7,7 @@ import pytest
 from sparkfleet.config import ModelSource, SparkConfig
 from sparkfleet.endpoint import resolve
 from sparkfleet.fleet import FleetError, load_fleet
+from tests.unit.resolved import resolved
 
 GOOD = {"model_source": "http://mirror.lan/models/qwen", "ssh_user": "admin", "_sudo": True}
 
@@ -21,8 +22,17 @@ def test_good_inventory_loads_with_recipe_flags() -> None:
     endpoints, warnings = load_fleet({"spark-07": GOOD})
     spark = endpoints["spark-07"]
     assert spark.args["tool-call-parser"] == "qwen3_xml"
-    assert spark.weights_dir == "/var/lib/sparkfleet/models/nvidia--Qwen3.6-35B-A3B-NVFP4"
+    assert spark.model_root == "/var/lib/sparkfleet/models/nvidia--Qwen3.6-35B-A3B-NVFP4"
     assert warnings == []
+
+
+def test_weights_dir_is_the_resolved_generation_beneath_the_model_root() -> None:
+    endpoints, _ = load_fleet({"spark-07": GOOD})
+    with pytest.raises(RuntimeError, match="spark-07: the model source was not resolved"):
+        _ = endpoints["spark-07"].weights_dir
+    spark = resolved(endpoints["spark-07"])
+    assert spark.weights is not None and spark.weights.id.startswith("sha256-")
+    assert spark.weights_dir == f"/var/lib/sparkfleet/models/nvidia--Qwen3.6-35B-A3B-NVFP4/{spark.weights.id}"
 
 
 def test_overrides_normalise_names_and_null_removes() -> None:

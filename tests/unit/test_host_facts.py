@@ -20,6 +20,7 @@ from sparkfleet.endpoint import resolve
 from sparkfleet.host_state import HostState
 from sparkfleet.preflight import preflight_query
 from sparkfleet.remote import host_facts
+from tests.unit.resolved import resolved
 
 Result = tuple[int | None, str, str] | None
 
@@ -307,8 +308,8 @@ def test_the_deploys_query_is_answered_and_a_broken_probe_is_named(tmp_path: Pat
     """The query deploys/state.py builds is the one this script reads: every state probe answers (none fails on a
     key it expected), and one that raises is reported by name, which fails the operations (host_state.problem)."""
     fake_run(monkeypatch, lambda argv: None)  # no systemctl, docker, gpg, dpkg: a bare host
-    spark = resolve("spark-01", SparkConfig(model_source="http://mirror.lan/models/qwen",
-                                            model_dir=str(tmp_path / "models")))
+    spark = resolved(resolve("spark-01", SparkConfig(model_source="http://mirror.lan/models/qwen",
+                                                     model_dir=str(tmp_path / "models"))))
     query = json.loads(json.dumps({**preflight_query(spark), "state": state_query(spark).as_dict()}))
     facts = host_facts.gather(query)
     assert {key: error for key, error in facts["probe_errors"].items() if key.startswith("state.")} == {}

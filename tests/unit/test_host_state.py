@@ -22,13 +22,15 @@ from sparkfleet.endpoint import resolve
 from sparkfleet.host_state import HostState, StateQuery
 from sparkfleet.preflight import SparkFacts
 from tests.unit.optest import run
+from tests.unit.resolved import resolved
 
 QUERY = StateQuery(files=("/etc/sparkfleet",), units=("sparkfleet-vllm.service",), runtime="nvidia-container-runtime",
                    runtime_config="/etc/nvidia-container-runtime/config.toml", keyring="/usr/share/keyrings/k.gpg",
                    apt_url="https://nvidia.github.io/libnvidia-container/stable/deb", packages=("p1", "p2"),
                    image="vllm/vllm-openai:v0.28.0", weights_script="/usr/local/lib/sparkfleet/stage_weights.py",
                    weights_args=("--dest", "/m"), manifest="/m/.sparkfleet-manifest.json",
-                   loaded_weights="/run/sparkfleet/loaded-weights.json")
+                   loaded_weights="/run/sparkfleet/loaded-weights.json", model_root="/models/qwen",
+                   unit_files=("/etc/systemd/system/sparkfleet-vllm.service",))
 PREFLIGHT = {"weights_dir": "/m", "port": 8000}
 
 
@@ -170,7 +172,7 @@ def test_accessors() -> None:
 def test_a_blank_host_gets_its_daemon_json_written(monkeypatch: pytest.MonkeyPatch) -> None:
     """docker_runtime writes daemon.json through the file operations, which need it in the query: on a host
     without one (a blank host, or drift that removed the nvidia runtime) it must plan the write, not fail."""
-    spark = resolve("spark-01", SparkConfig(model_source="http://mirror.lan/models/qwen"))
+    spark = resolved(resolve("spark-01", SparkConfig(model_source="http://mirror.lan/models/qwen")))
     query = state_query(spark)
     assert runtime.DAEMON_JSON in query.files
     blank = HostState({"state": {"files": dict.fromkeys(query.files), "daemon_json": {

@@ -15,6 +15,7 @@ from sparkfleet.fleet import FleetError, load_fleet
 from sparkfleet.memory import ACTIVATION_BYTES_PER_BATCHED_TOKEN, OVERHEAD_BYTES, GiB, budget
 from sparkfleet.rules import Finding, check
 from sparkfleet.vllm_flags import NUMBERS, flag_set, parse_number, read_number
+from tests.unit.resolved import offline_sources
 
 MIRROR = "http://mirror.lan/models/qwen"
 BUDGET_FLAGS = ("max-model-len", "max-num-seqs", "max-num-batched-tokens", "gpu-memory-utilization")
@@ -249,7 +250,8 @@ def test_the_host_memory_rule_keeps_the_field_of_the_term() -> None:
 # --- the doctor's table --------------------------------------------------------------------------------
 
 
-def _report() -> list[doctor.HostReport]:
+def _report(monkeypatch: pytest.MonkeyPatch) -> list[doctor.HostReport]:
+    offline_sources(monkeypatch)
     data = {"model_source": MIRROR, "vllm_args": {"max-num-seqs": 4096, "gpu-memory-utilization": 0.88,
                                                   "tool-call-parser": "qwen"}}
     spark, rows = doctor.recipe_rows("spark-01", data)
@@ -264,9 +266,9 @@ def test_inventory_rows_name_their_variable() -> None:
     assert [(r.rule, r.field) for r in rows] == [("inventory", "vllm_port"), ("inventory", "vllm_recipie")]
 
 
-def test_doctor_table_shows_the_field_of_every_row_within_80_columns() -> None:
+def test_doctor_table_shows_the_field_of_every_row_within_80_columns(monkeypatch: pytest.MonkeyPatch) -> None:
     console = Console(record=True, width=80)
-    reports = _report()
+    reports = _report(monkeypatch)
     doctor.render(reports, console, explain_budget=False)
     text = console.export_text()
     assert max(len(line) for line in text.splitlines()) <= 80
@@ -286,7 +288,7 @@ def test_doctor_ok_rows_name_what_they_judge() -> None:
     assert {r.rule: r.field for r in rows} == doctor.HOST_FIELDS
 
 
-def test_doctor_json_keeps_the_field() -> None:
-    data = json.loads(json.dumps([report.as_dict(False) for report in _report()]))
+def test_doctor_json_keeps_the_field(monkeypatch: pytest.MonkeyPatch) -> None:
+    data = json.loads(json.dumps([report.as_dict(False) for report in _report(monkeypatch)]))
     assert {"rule", "status", "field", "message"} == set(data[0]["rows"][0])
     assert data[1]["rows"][0]["field"] == "vllm_port"

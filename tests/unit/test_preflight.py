@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from sparkfleet import doctor
-from sparkfleet.config import SparkConfig
+from sparkfleet import doctor, generations, manifest
+from sparkfleet.config import ModelSource, SparkConfig
 from sparkfleet.endpoint import Endpoint, resolve
+from sparkfleet.fleet import with_weights
 from sparkfleet.memory import budget
 from sparkfleet.preflight import (
     HOST_CHECKS,
@@ -30,13 +31,14 @@ from sparkfleet.preflight import (
     preflight_query,
 )
 from sparkfleet.rules import Finding
+from tests.unit.resolved import generation, offline_sources, resolved
 
 GB = 10**9
 NVFP4_BYTES = 23 * GB
 
 
 def endpoint(**config: object) -> Endpoint:
-    return resolve("spark-01", SparkConfig(**config))
+    return resolved(resolve("spark-01", SparkConfig(**config)))
 
 
 def facts(**changes: object) -> dict:
@@ -217,15 +219,22 @@ def test_disk_uses_the_checkpoint_size_given() -> None:
     assert [f.rule for f in host_findings(endpoint(), facts(disk=disk))] == ["host.disk"]
 
 
-def test_checkpoint_size_of_a_controller_directory_is_its_files(tmp_path: Path) -> None:
-    (tmp_path / "sub").mkdir()
-    (tmp_path / "model-00001.safetensors").write_bytes(b"x" * 1000)
-    (tmp_path / "sub" / "config.json").write_bytes(b"{}")
-    (tmp_path / "SHA256SUMS").write_text("ignored\n")
-    (tmp_path / ".lab-generated").write_text("ignored")
-    assert checkpoint_size(endpoint(model_source=str(tmp_path))) == 1002
+def test_checkpoint_size_is_what_the_source_lists(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(manifest, "CACHE", tmp_path / "cache")
+    monkeypatch.setattr(generations, "_resolved", {})
+    weights = tmp_path / "weights"
+    (weights / "sub").mkdir(parents=True)
+    (weights / "model-00001.safetensors").write_bytes(b"x" * 1000)
+    (weights / "sub" / "config.json").write_bytes(b"{}")
+    (weights / "SHA256SUMS").write_text("ignored\n")
+    (weights / ".lab-generated").write_text("ignored")
+    local = resolve("spark-01", SparkConfig(model_source=str(weights)))
+    assert checkpoint_size(with_weights(local)) == 1002
+    hub = generation(ModelSource.parse("hf://org/m@main"), total=5 * GB)
+    assert checkpoint_size(replace(endpoint(), weights=hub)) == 5 * GB
+    # A mirror's SHA256SUMS has no sizes, and an unresolved source none at all: the recipe's figure.
     assert checkpoint_size(endpoint(model_source="http://mirror.lan/models/x")) == NVFP4_BYTES
-    assert checkpoint_size(endpoint(model_source=str(tmp_path / "missing"))) == NVFP4_BYTES
+    assert checkpoint_size(resolve("spark-01", SparkConfig())) == NVFP4_BYTES
 
 
 # --- port -----------------------------------------------------------------------------------------------
@@ -360,7 +369,8 @@ def test_doctor_rows_for_bad_inventory_need_no_endpoint() -> None:
     assert "is not a shipped recipe" in rows[0].message and not rows[0].message.startswith("spark-01")
 
 
-def test_doctor_rows_for_recipe_findings_and_a_clean_recipe() -> None:
+def test_doctor_rows_for_recipe_findings_and_a_clean_recipe(monkeypatch: pytest.MonkeyPatch) -> None:
+    offline_sources(monkeypatch)
     mirror = {"model_source": "http://mirror.lan/models/qwen3.6-nvfp4"}
     _, rows = doctor.recipe_rows("spark-01", mirror | {"vllm_args": {"tool-call-parser": "qwen"}})
     assert [(r.rule, r.status, r.field) for r in rows] == [("flag.choice", "error", "vllm_args.tool-call-parser")]

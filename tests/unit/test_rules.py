@@ -207,7 +207,10 @@ def test_memory_rule_for_a_host_uses_its_memory() -> None:
     assert [f.rule for f in over(endpoint(), flags)] == ["capacity.memory"]
 
 
-def test_hub_source_is_refused_until_implemented() -> None:
+def test_the_default_hub_source_passes_the_rules() -> None:
+    """The Hub is asked when the fleet's generations are resolved (fleet.resolve_weights), not by a rule."""
     spark = resolve("spark-01", SparkConfig())
-    (finding,) = [f for f in check(spark) if f.rule == "source.hf"]
-    assert finding.field == "model_source" and "http(s) mirror with SHA256SUMS" in finding.message
+    assert spark.source.kind == "hub"
+    assert [f for f in check(spark) if f.field == "model_source"] == []
+    pinned = resolve("spark-01", SparkConfig(model_source="hf://org/other-model@0123456789abcdef"))
+    assert [f for f in check(pinned) if f.field == "model_source"] == []

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkfleet import drift, manifest, runner, status
+from sparkfleet import drift, generations, manifest, runner, status
 from sparkfleet.config import SparkConfig
 from sparkfleet.deploys.health import CONFIG
 from sparkfleet.endpoint import (
@@ -29,7 +29,9 @@ from sparkfleet.endpoint import (
     Endpoint,
     resolve,
 )
+from sparkfleet.fleet import with_weights
 from sparkfleet.remote import status as reporter
+from tests.unit.resolved import resolved
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -393,16 +395,21 @@ def test_file_operations_are_named_as_the_facts_expect() -> None:
     assert drift.FILE_OPS["unit_file"] == "Render the sparkfleet-vllm unit"
 
 
-def test_weights_check_arguments_follow_the_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    spark = _spark(model_source="http://mirror.lan/models/m/")
-    assert drift.weights_args(spark) == ["--dest", spark.weights_dir, "--sums-url",
-                                         "http://mirror.lan/models/m/SHA256SUMS"]
+def test_weights_check_arguments_name_the_resolved_generation(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every source is checked by the digest of its generation's SHA256SUMS, in the generation's directory, and
+    by size and mtime even with weights_verify=full (drift runs from cron)."""
+    spark = resolved(_spark(model_source="http://mirror.lan/models/m/", weights_verify="full"))
+    assert spark.weights is not None
+    assert drift.weights_args(spark) == ["--dest", spark.weights_dir, "--digest", spark.weights.digest]
+    assert spark.weights_dir.endswith(f"/{spark.weights.id}")
     monkeypatch.setattr(manifest, "CACHE", tmp_path / "cache")
+    monkeypatch.setattr(generations, "_resolved", {})
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "a.safetensors").write_bytes(b"weights")
-    local = _spark(model_source=str(tmp_path / "m"))
+    local = with_weights(_spark(model_source=str(tmp_path / "m")))
     digest = manifest.controller_sums(tmp_path / "m")[1]
-    assert drift.weights_args(local) == ["--dest", local.weights_dir, "--digest", digest]
+    assert drift.weights_args(local) == ["--dest", f"{local.model_root}/sha256-{digest[:16]}", "--digest", digest]
     args = drift.reporter_args(local)
     assert args.startswith(f"--image {local.image} '--weights-check=--dest ")
 

@@ -11,12 +11,13 @@ from sparkfleet.deploys.context import TEMPLATES
 from sparkfleet.endpoint import resolve
 from sparkfleet.unit import UnitView, systemd_quote
 from sparkfleet.vllm_flags import flag_set, to_argv
+from tests.unit.resolved import resolved
 
 TEMPLATE = TEMPLATES / "vllm" / "sparkfleet-vllm.service.j2"  # found as the deploy finds it
 
 
 def _render(**data: object) -> str:
-    spark = resolve("spark-01", SparkConfig(**data))
+    spark = resolved(resolve("spark-01", SparkConfig(**data)))
     env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
     return env.from_string(TEMPLATE.read_text()).render(spark=UnitView.of(spark))
 
@@ -28,11 +29,12 @@ def _exec_start(unit: str) -> list[str]:
 
 
 def test_exec_start_carries_recipe_flags_verbatim() -> None:
-    spark = resolve("spark-01", SparkConfig())
+    spark = resolved(resolve("spark-01", SparkConfig()))
     argv = _exec_start(_render())
     expected = to_argv(spark.args, flag_set())
     image = argv.index(spark.image)
     assert argv[image + 1] == spark.container_model_path
+    assert f"{spark.weights_dir}:{spark.container_model_path}:ro" in argv  # the generation, at a fixed path
     assert argv[-len(expected):] == expected
     assert '{"method":"mtp","num_speculative_tokens":3,"moe_backend":"triton"}' in argv
 
@@ -58,7 +60,7 @@ def _setting(unit: str, key: str) -> str:
 
 
 def test_start_limit_interval_fits_the_allowed_starts_of_a_slow_crash_loop() -> None:
-    spark = resolve("spark-01", SparkConfig())
+    spark = resolved(resolve("spark-01", SparkConfig()))
     unit = _render()
     burst, interval = int(_setting(unit, "StartLimitBurst")), int(_setting(unit, "StartLimitIntervalSec"))
     restart = int(_setting(unit, "RestartSec"))
