@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sparkfleet.config import ModelSource
-from sparkfleet.manifest import controller_sums
+from sparkfleet.manifest import controller_sums, weight_files
 
 CACHE = Path.home() / ".cache" / "sparkfleet" / "hub"  # small non-LFS files, fetched to hash them
 MAX_SUMS_BYTES = 16 << 20
@@ -64,8 +64,7 @@ def resolve(source: ModelSource, hf_endpoint: str | None = None, hf_token: str |
             _resolved[key] = _by_digest(source, _mirror_sums(source), None)
         else:
             text, _ = _controller(source)
-            total = sum(p.stat().st_size for p in Path(source.path or "").rglob("*")
-                        if p.is_file() and not p.name.startswith(".") and p.name != "SHA256SUMS")
+            total = sum(p.stat().st_size for p in weight_files(Path(source.path or "")))
             _resolved[key] = _by_digest(source, text, total)
     return _resolved[key]
 
@@ -102,7 +101,7 @@ def git_blob_id(data: bytes) -> str:
 
 def _hub(source: ModelSource, endpoint: str | None, token: str | None) -> Generation:
     """The Hub's commit for the revision, and the sha256 of each of its files as the Hub lists them."""
-    import httpx
+    import httpx2  # huggingface_hub 2's HTTP client: its connection errors are not OSErrors
     from huggingface_hub import HfApi, hf_hub_download
     from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
 
@@ -140,7 +139,7 @@ def _hub(source: ModelSource, endpoint: str | None, token: str | None) -> Genera
         if status == 401:
             raise SourceError(f"{where}: the Hub refused the token in `hf_token` (401): renew it") from None
         raise SourceError(f"{where}: the Hub answered {status}: {str(error).splitlines()[0]}") from None
-    except (OSError, httpx.HTTPError) as error:  # connection refused, DNS, timeouts
+    except (OSError, httpx2.HTTPError) as error:  # connection refused, DNS, timeouts
         raise SourceError(f"{where}: the Hub at {endpoint or 'huggingface.co'} cannot be reached ({error}): check "
                           "the network or `hf_endpoint`") from None
     if not lines:

@@ -19,8 +19,11 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _files(root: Path) -> list[Path]:
-    return sorted(p for p in root.rglob("*") if p.is_file() and p.name not in SKIP and not p.name.startswith("."))
+def weight_files(root: Path) -> list[Path]:
+    """The files a controller directory stages: nothing hidden, nor inside a hidden directory (the
+    .cache/huggingface/ that `hf download --local-dir` leaves), which the rsync's --exclude=.* never sends."""
+    return sorted(p for p in root.rglob("*") if p.is_file() and p.name not in SKIP
+                  and not any(part.startswith(".") for part in p.relative_to(root).parts))
 
 
 def controller_sums(root: Path) -> tuple[str, str]:
@@ -31,7 +34,7 @@ def controller_sums(root: Path) -> tuple[str, str]:
     except (OSError, json.JSONDecodeError):
         cached = {}
     entries = {}
-    for path in _files(root):
+    for path in weight_files(root):
         rel = path.relative_to(root).as_posix()
         stat = path.stat()
         key = [stat.st_size, stat.st_mtime_ns]

@@ -57,6 +57,8 @@ class Handler(BaseHTTPRequestHandler):
             size = os.fstat(handle.fileno()).st_size
             start, end = 0, size - 1
             match = _RANGE.match(self.headers.get("Range", ""))
+            if match and match.group(2) and int(match.group(2)) < int(match.group(1)):
+                match = None  # an invalid range is ignored (RFC 9110, 14.2): the whole file
             if match:
                 start = int(match.group(1))
                 end = min(int(match.group(2)), size - 1) if match.group(2) else size - 1

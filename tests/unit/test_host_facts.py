@@ -12,14 +12,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import jinja2
 import pytest
 
 from sparkfleet.config import SparkConfig
+from sparkfleet.deploys.context import TEMPLATES
 from sparkfleet.deploys.state import state_query
 from sparkfleet.endpoint import resolve
 from sparkfleet.host_state import HostState
 from sparkfleet.preflight import preflight_query
 from sparkfleet.remote import host_facts
+from sparkfleet.unit import UnitView
 from tests.unit.resolved import resolved
 
 Result = tuple[int | None, str, str] | None
@@ -291,6 +294,37 @@ def test_weights_loaded(tmp_path: Path) -> None:
     assert host_facts.weights_loaded(str(manifest), str(loaded)) == "same"
     manifest.write_text('{"files": 13}')
     assert host_facts.weights_loaded(str(manifest), str(loaded)) == "differs"
+
+
+def test_generations_lists_the_model_directory_and_the_mounted_ones(tmp_path: Path) -> None:
+    root = tmp_path / "models" / "qwen"
+    for name in ("sha256-1111111111111111", "sha256-2222222222222222", ".staging"):
+        (root / name).mkdir(parents=True)
+    os.utime(root / "sha256-1111111111111111", (1000, 1000))
+    (root / "config.json").write_text("{}")  # a file is not a generation
+    unit, known_good = tmp_path / "sparkfleet-vllm.service", tmp_path / "known-good.service"
+    unit.write_text(f"ExecStart=/usr/bin/docker run \\\n"
+                    f"    --volume {root}/sha256-2222222222222222:/models/qwen:ro \\\n"
+                    "    --volume /run/sparkfleet:/run/sparkfleet \\\n    vllm/vllm-openai:v0.28.0\n")
+    known_good.write_text(f"ExecStart=/usr/bin/docker run --volume {root}:/models/qwen:ro image\n")
+    found = host_facts.generations(str(root), [str(unit), str(known_good), str(tmp_path / "no-such.service")])
+    assert found["dirs"] == {"sha256-1111111111111111": 1000.0,
+                             "sha256-2222222222222222": (root / "sha256-2222222222222222").stat().st_mtime}
+    assert found["flat"] is False
+    assert found["in_use"] == sorted([str(root), f"{root}/sha256-2222222222222222", "/run/sparkfleet"])
+    (root / ".sparkfleet-manifest.json").write_text("{}")  # weights of the layout from before generations
+    assert host_facts.generations(str(root), [])["flat"] is True
+    assert host_facts.generations(str(tmp_path / "none"), [str(unit)])["dirs"] == {}
+
+
+def test_generations_reads_the_mount_of_the_rendered_unit(tmp_path: Path) -> None:
+    """The unit the deploy renders names the generation it serves in the form the probe parses."""
+    spark = resolved(resolve("spark-01", SparkConfig(model_dir=str(tmp_path / "models"))))
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+    unit = tmp_path / "sparkfleet-vllm.service"
+    unit.write_text(env.from_string((TEMPLATES / "vllm" / "sparkfleet-vllm.service.j2").read_text()).render(
+        spark=UnitView.of(spark)))
+    assert spark.weights_dir in host_facts.generations(spark.model_root, [str(unit)])["in_use"]
 
 
 def test_login_user_is_the_ssh_user_under_sudo(monkeypatch: pytest.MonkeyPatch) -> None:

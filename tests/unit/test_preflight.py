@@ -369,6 +369,19 @@ def test_doctor_rows_for_bad_inventory_need_no_endpoint() -> None:
     assert "is not a shipped recipe" in rows[0].message and not rows[0].message.startswith("spark-01")
 
 
+def test_doctor_names_a_source_that_cannot_be_resolved(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The host checks need the generation's directory: without it doctor says why, and checks no host."""
+    def unreachable(source: ModelSource, hf_endpoint: str | None = None, hf_token: str | None = None) -> None:
+        raise generations.SourceError(f"`model_source` {source}: the Hub at huggingface.co cannot be reached")
+
+    monkeypatch.setattr(generations, "resolve", unreachable)
+    spark, rows = doctor.recipe_rows("spark-01", {})
+    assert spark is None
+    assert [(r.rule, r.status, r.field) for r in rows] == [("source.resolve", "error", "model_source")]
+    assert rows[0].message == ("`model_source` hf://nvidia/Qwen3.6-35B-A3B-NVFP4@main: the Hub at huggingface.co "
+                               "cannot be reached")
+
+
 def test_doctor_rows_for_recipe_findings_and_a_clean_recipe(monkeypatch: pytest.MonkeyPatch) -> None:
     offline_sources(monkeypatch)
     mirror = {"model_source": "http://mirror.lan/models/qwen3.6-nvfp4"}
