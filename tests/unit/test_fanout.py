@@ -75,13 +75,11 @@ def test_without_fanout_every_spark_asks_the_source_in_round_zero() -> None:
 
 
 def test_peer_address_prefers_the_variable_then_vllm_url_then_ssh() -> None:
-    def spark(**config: object) -> Endpoint:
-        return resolve("spark-01", SparkConfig(**config))
-
-    assert peer_address(spark(peer_address="10.0.0.11", vllm_url="http://spark-01.lan:8000"), "ssh.lan") == "10.0.0.11"
-    assert peer_address(spark(vllm_url="http://10.0.0.12:8000"), "ssh.lan") == "10.0.0.12"
-    assert peer_address(spark(), "ssh.lan") == "ssh.lan"
-    assert peer_address(spark(), None) == "spark-01"
+    assert peer_address("spark-01", {"peer_address": "10.0.0.11", "vllm_url": "http://spark-01.lan:8000",
+                                     "ssh_hostname": "ssh.lan"}) == "10.0.0.11"
+    assert peer_address("spark-01", {"vllm_url": "http://10.0.0.12:8000", "ssh_hostname": "ssh.lan"}) == "10.0.0.12"
+    assert peer_address("spark-01", {"ssh_hostname": "ssh.lan"}) == "ssh.lan"
+    assert peer_address("spark-01", {}) == "spark-01"
 
 
 def test_hub_env_carries_endpoint_and_token_and_nothing_unset(monkeypatch: pytest.MonkeyPatch) -> None:

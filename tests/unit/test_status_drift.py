@@ -333,12 +333,13 @@ def test_status_rows_and_exit_code() -> None:
                                     "restarts": 1, "model": "org/m", "served_name": "m", "requests_running": 2,
                                     "requests_waiting": 0, "kv_cache_usage": 0.125, "mtp_acceptance": 0.8234,
                                     "last_result": {"state": "healthy"},
-                                    "last_alert": {"time": "2025-11-29T17:00:00+00:00", "cause": "down"}})
+                                    "last_alert": {"time": "2025-11-29T17:00:00+00:00", "cause": "down"},
+                                    "weights_generation": "4f1c2b3a5d6e7f8091a2b3c4d5e6f708192a3b4c"})
     bare = status.Answer("spark-arm64-01", {"state": "inactive", "sub_state": "dead"})
     lost = status.Answer("spark-03", error="unreachable: cannot connect over SSH (timeout)")
-    assert status.row(ok) == ["spark-01", "[green]active/running[/]", "[green]healthy[/]", "1h 02m", "1", "m", "-",
-                              "12.5%", "82.3%", "2", "0", "m", "2025-11-29T17:00:00+00:00 down"]
-    assert status.row(bare)[2:] == ["-"] * 11
+    assert status.row(ok) == ["spark-01", "[green]active/running[/]", "[green]healthy[/]", "1h 02m", "1", "m",
+                              "4f1c2b3a5d6e", "-", "12.5%", "82.3%", "2", "0", "m", "2025-11-29T17:00:00+00:00 down"]
+    assert status.row(bare)[2:] == ["-"] * 12
     assert status.row(lost)[1] == "[bold red]no answer[/]"
     assert status.exit_code([ok, bare]) == 0
     assert status.exit_code([ok, lost]) == 1
@@ -444,13 +445,28 @@ def test_a_stopped_by_design_host_is_not_judged_on_image_or_health() -> None:
 
 
 def test_facts_pair_each_value_with_the_wanted_one() -> None:
-    spark = _spark(vllm_image="IMG")
-    report = HEALTHY | {"toolkit_version": "1.0", "unit_sha256": "u", "env_sha256": "e", "weights": {"state": "ok"}}
+    spark = resolved(_spark(vllm_image="IMG"))
+    assert spark.weights is not None
+    report = HEALTHY | {"toolkit_version": "1.0", "unit_sha256": "u", "env_sha256": "e", "weights": {"state": "ok"},
+                        "weights_generation": "sha256-0123456789abcdef"}
     facts = drift.facts(spark, report, ["Render the sparkfleet-vllm unit from the r recipe"])
     assert facts["toolkit_version"] == {"installed": "1.0", "wanted": spark.config.nvidia_toolkit_version}
     assert facts["unit_file"] == {"sha256": "u", "would_change": True, "need_daemon_reload": False}
     assert facts["env_file"] == {"sha256": "e", "would_change": False}
-    assert facts["image"]["wanted"] == "IMG" and facts["weights"] == {"state": "ok"}
+    assert facts["image"]["wanted"] == "IMG"
+    assert facts["weights"] == {"check": {"state": "ok"}, "serving": "sha256-0123456789abcdef",
+                                "wanted": spark.weights.label}
+    assert drift.facts(_spark(), {}, [])["weights"] == {"check": None, "serving": None, "wanted": None}
+
+
+def test_the_reporter_names_the_generation_the_unit_mounts(tmp_path: Path) -> None:
+    unit = tmp_path / "sparkfleet-vllm.service"
+    assert reporter.mounted_generation(unit) is None  # no unit yet
+    unit.write_text("ExecStart=/usr/bin/docker run --volume /run/sparkfleet:/run/sparkfleet \\\n"
+                    "    --volume /var/lib/sparkfleet/models/org--m/sha256-0123456789abcdef:/models/org--m:ro img\n")
+    assert reporter.mounted_generation(unit) == "sha256-0123456789abcdef"
+    unit.write_text("ExecStart=/usr/bin/docker run --volume /var/lib/sparkfleet/models/org--m:/models/org--m:ro\n")
+    assert reporter.mounted_generation(unit) == "org--m"  # the flat layout from before generations
 
 
 def _report(*hosts: drift.HostDrift, errors: list[str] | None = None) -> drift.Report:
