@@ -351,13 +351,14 @@ def weights_staged(script: str, dest: str, sums_file: str, verify: str, fetch: F
                     "--revision", fetch.commit, "--local-dir", "/stage"]
         yield (f"{peer}{{ mkdir -p {shlex.quote(staging)} && {shlex.join(download)} && "
                f"{shlex.join([*stage, '--staged', staging])}; }}")
+    elif fetch.peer_url:
+        # The controller's rsync cannot run only when the peer fails: a peer that fails fails this host (re-run,
+        # or weights_fanout=false); a copy that half-arrived resumes from the peer next time.
+        yield shlex.join([*stage, "--base-url", fetch.peer_url])
     else:
-        if peer:
-            yield peer + "true"  # what the peer could not give, the controller sends below
         yield f"mkdir -p {shlex.quote(staging)}"
-        # --compare-dest skips files already in place: only what is missing travels (sizes: a peer's copies
-        # have other mtimes; each file is verified by sha256 all the same).
-        flags = ["-a", "--partial", f"--compare-dest={dest}/", "--size-only", "--exclude=.*", "--exclude=SHA256SUMS",
+        # --compare-dest skips files already in place (same size and mtime): only what is missing travels.
+        flags = ["-a", "--partial", f"--compare-dest={dest}/", "--exclude=.*", "--exclude=SHA256SUMS",
                  *(["--checksum"] if full else [])]
         yield RsyncCommand((source.path or "").rstrip("/") + "/", staging + "/", flags)
         yield shlex.join([*stage, "--staged", staging])
