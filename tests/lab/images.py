@@ -110,15 +110,16 @@ def host_spec(arch: str) -> ImageSpec:
 
 
 def service_spec() -> ImageSpec:
-    """The lab's shared services: a registry (docker-registry) and an HTTP server for apt and models."""
+    """The lab's shared services: a registry (docker-registry), an HTTP server for apt and models, the Hub."""
     files = {
         "/usr/local/bin/lab-services": _standin("lab_services.sh"),
+        "/usr/local/bin/lab-hub": _standin("hub.py"),
         # Debian's default config wants htpasswd auth; the lab registry is open, on the lab network only.
         "/etc/docker/registry/config.yml": b"version: 0.1\nstorage:\n  filesystem:\n"
         b"    rootdirectory: /var/lib/docker-registry\nhttp:\n  addr: :5000\n",
     }
     return ImageSpec(
-        "services", "amd64", SERVICE_PACKAGES, files, "chmod 0755 /usr/local/bin/lab-services",
+        "services", "amd64", SERVICE_PACKAGES, files, "chmod 0755 /usr/local/bin/lab-services /usr/local/bin/lab-hub",
         ["/usr/local/bin/lab-services"],
     )
 
