@@ -13,6 +13,7 @@ import re
 import subprocess
 import sys
 import threading
+import tomllib
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ from huggingface_hub.errors import (
 from huggingface_hub.file_download import http_get
 from huggingface_hub.utils._runtime import is_xet_available
 
-from tests.lab import fleet
+from tests.lab import REPO, fleet
 from tests.lab.standins import hub, model
 
 MODEL_REPO = fleet.hub_model_repo()
@@ -269,3 +270,9 @@ def test_hf_download_cli_fetches_a_revision_and_a_gated_repository(lab_hub: LabH
     granted = hf_cli(lab_hub, tmp_path, GATED_REPO, "--local-dir", str(tmp_path / "gated"), token=TOKEN)
     assert granted.returncode == 0, granted.stderr
 
+
+def test_the_vllm_image_and_the_controller_pin_the_same_client() -> None:
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    lock = (REPO / "tests" / "lab" / "standins" / "vllm_image_requirements.txt").read_text()
+    image = re.search(r"^huggingface_hub==(\S+) --hash=sha256:[0-9a-f]{64}$", lock, re.M)
+    assert image and f"huggingface_hub=={image.group(1)}" in pyproject
