@@ -32,6 +32,8 @@ def _status() -> int:
                       systemd, docker)
     console.print(table)
     console.print(f"registry: 127.0.0.1:{state.registry_port}  model mirror: {state.model_mirror_url}")
+    console.print(f"Hub stand-in: {state.hf_endpoint} on lab hosts, {state.hub_url or '-'} here "
+                  f"({state.hub_model_repo or '-'} at main and next; {state.hub_gated_repo} gated)")
     return 0
 
 

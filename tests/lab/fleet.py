@@ -9,23 +9,31 @@ import secrets
 import shutil
 import subprocess
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from tests.lab import LAB_DIR, STATE_FILE, images, log, run
-from tests.lab.standins import model, nvidia_repo
+from tests.lab.standins import hub, model, nvidia_repo
 
 NETWORK = "sparkfleet-lab"
 LABEL = "sparkfleet-lab=1"
 PREFIX = "sparkfleet-lab-"
 SERVICES = f"{PREFIX}services"
-SERVICE_ALIASES = ("registry.lab", "nvidia.lab", "mirror.lab")
+SERVICE_ALIASES = ("registry.lab", "nvidia.lab", "mirror.lab", "hub.lab")
 WWW = LAB_DIR / "www"
 SSH_KEY = LAB_DIR / "ssh" / "id_ed25519"
 MODEL_NAME = "qwen3.6-35b-a3b-standin"
 MODEL_BYTES = int(os.environ.get("SPARKFLEET_LAB_MODEL_BYTES", str(1 << 30)))
 BOOT_TIMEOUT = 240
+# The Hub stand-in (standins/hub.py; lab_services.sh starts it on HUB_PORT): the default recipe's model with
+# branches `main` and `next`, and a gated copy that only HUB_TOKEN may download.
+HUB_PORT = 8080
+HUB_MANIFEST = WWW / "hub" / "repos.json"
+HUB_GATED_REPO = "lab/gated-model"
+HUB_TOKEN = "hf_lab_gated_token"
+HF_TOKEN_FILE = LAB_DIR / "secrets" / "hf_token"
 
 
 # The toolkit version a stock Spark ships with (DGX OS 7, 2026), preinstalled from NVIDIA's repository.
@@ -75,6 +83,11 @@ class LabState:
     nvidia_key_fingerprint: str = ""
     model_mirror_url: str = f"http://mirror.lab/models/{MODEL_NAME}"
     model_local_dir: str = str(WWW / "models" / MODEL_NAME)
+    hf_endpoint: str = f"http://hub.lab:{HUB_PORT}"  # the Hub stand-in as lab hosts reach it (HF_ENDPOINT)
+    hub_url: str = ""  # the same, as this machine reaches it (a port published on 127.0.0.1)
+    hub_model_repo: str = ""  # the default recipe's model id; branches `main` and `next`
+    hub_gated_repo: str = HUB_GATED_REPO
+    hf_token_file: str = str(HF_TOKEN_FILE)  # the token the gated repository accepts
 
     def host(self, name: str) -> LabHost:
         """The host called `name`: tests name the host they change."""
@@ -158,7 +171,8 @@ def _published_port(container: str, port: int) -> int:
 
 
 def _prepare_www() -> str:
-    """Lay out the stand-in NVIDIA repository and the model mirror; returns the key's fingerprint."""
+    """Lay out the stand-in NVIDIA repository, the model mirror and the Hub's repositories; returns the key's
+    fingerprint."""
     repo_dir = WWW / "libnvidia-container"
     stamp = repo_dir / ".lab-inputs"
     inputs = images.tree_hash(nvidia_repo.STANDINS_DIR, Path(nvidia_repo.__file__))
@@ -174,7 +188,32 @@ def _prepare_www() -> str:
         model.generate_checkpoint(model_dir, total_bytes=MODEL_BYTES)
         model.write_sha256sums(model_dir)
         stamp.write_text(str(MODEL_BYTES))
+    _prepare_hub(model_dir)
     return nvidia_repo.ensure_signing_key(LAB_DIR / "gnupg")
+
+
+def hub_model_repo() -> str:
+    """The model id of the default recipe: what a host with the default `model_source` downloads."""
+    from sparkfleet.config import SparkConfig
+    from sparkfleet.recipes import load_recipes
+
+    return load_recipes()[SparkConfig.model_fields["vllm_recipe"].default].model.id
+
+
+def _prepare_hub(model_dir: Path) -> None:
+    """Describe the Hub stand-in's repositories (hashes of the model's files, computed once per model)."""
+    inputs = json.dumps([images.tree_hash(Path(hub.__file__)), MODEL_BYTES, hub_model_repo(), HUB_GATED_REPO,
+                         HUB_TOKEN])
+    stamp = HUB_MANIFEST.with_name(".lab-inputs")
+    if not HUB_MANIFEST.exists() or not stamp.exists() or stamp.read_text() != inputs:
+        log("describing the Hub stand-in's repositories")
+        repos = hub.lab_repos(WWW, model_dir, hub_model_repo(), HUB_GATED_REPO)
+        hub.write_manifest(WWW, repos, HUB_MANIFEST, hub_model_repo(), [HUB_TOKEN])
+        stamp.write_text(inputs)
+    if not HF_TOKEN_FILE.exists() or HF_TOKEN_FILE.read_text().strip() != HUB_TOKEN:
+        HF_TOKEN_FILE.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        HF_TOKEN_FILE.write_text(HUB_TOKEN + "\n")
+        HF_TOKEN_FILE.chmod(0o600)
 
 
 def _api_key() -> None:
@@ -193,13 +232,21 @@ def _ssh_key() -> None:
 
 
 def _start_services(state: LabState, vllm_base: str) -> None:
-    """Run the registry + HTTP container and push the vLLM stand-in under its production names."""
+    """Run the registry + HTTP + Hub container and push the vLLM stand-in under its production names.
+
+    The Hub stand-in reads its manifest once, at start: a new manifest recreates the container.
+    """
     aliases = [arg for alias in SERVICE_ALIASES for arg in ("--network-alias", alias)]
     _ensure_container(
         SERVICES, images.build(images.service_spec()),
-        ["--network", NETWORK, *aliases, "-p", "127.0.0.1::5000", "-v", f"{WWW}:/srv/www:ro"],
+        ["--network", NETWORK, *aliases, "-p", "127.0.0.1::5000", "-p", f"127.0.0.1::{HUB_PORT}",
+         "-v", f"{WWW}:/srv/www:ro"],
+        extra=hashlib.sha256(HUB_MANIFEST.read_bytes()).hexdigest(),
     )
     state.registry_port = _published_port(SERVICES, 5000)
+    state.hub_url = f"http://127.0.0.1:{_published_port(SERVICES, HUB_PORT)}"
+    state.hub_model_repo = hub_model_repo()
+    _wait_hub(state.hub_url)
     for tag in state.vllm_tags:
         source = images.vllm_variant(vllm_base, images.VLLM_MODES[_suffix(tag)]) if _suffix(tag) else vllm_base
         remote = f"localhost:{state.registry_port}/vllm/vllm-openai:{tag}"
@@ -209,6 +256,20 @@ def _start_services(state: LabState, vllm_base: str) -> None:
     remote = f"localhost:{state.registry_port}/{OWNER_IMAGE}"
     run(["docker", "tag", vllm_base, remote], quiet=True)
     _retry(lambda: run(["docker", "push", remote], quiet=True), "registry push")
+
+
+def _wait_hub(url: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/_lab/stats", timeout=5):
+                return
+        except OSError as error:
+            if time.monotonic() > deadline:
+                logs = run(["docker", "logs", "--tail", "20", SERVICES], quiet=True, check=False)
+                raise SystemExit(f"lab: the Hub stand-in does not answer at {url} ({error}):\n"
+                                 f"{(logs.stdout + logs.stderr).decode(errors='replace')}") from error
+            time.sleep(0.5)
 
 
 def _suffix(tag: str) -> str:

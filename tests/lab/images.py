@@ -11,6 +11,7 @@ import hashlib
 import json
 import shutil
 import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,7 @@ from tests.lab.standins import vllm_data
 STANDINS = Path(__file__).parent / "standins"
 SUITE = "bookworm"
 DEB_CACHE = Path("/var/cache/sparkfleet-lab/debs")
+WHEEL_CACHE = Path("/var/cache/sparkfleet-lab/wheels")
 # Part of every image's content hash: bump it when `build` changes how a root becomes an image.
 BUILD_VERSION = "1"
 
@@ -29,7 +31,11 @@ HOST_PACKAGES = (
     "docker.io,sudo,procps,less"
 )
 SERVICE_PACKAGES = "python3,ca-certificates,docker-registry"
-VLLM_PACKAGES = "python3"
+VLLM_PACKAGES = "python3,python3-pip"
+# The vLLM image's Hugging Face client, every wheel pinned and hashed for its python3 (bookworm's 3.11).
+HUB_CLIENT_REQUIREMENTS = STANDINS / "vllm_image_requirements.txt"
+IMAGE_PYTHON = "3.11"
+IMAGE_WHEELS = "/tmp/wheels"
 
 # Every failure tag of the vLLM stand-in: a production tag plus a suffix picks the behaviour.
 VLLM_MODES = {
@@ -110,29 +116,59 @@ def host_spec(arch: str) -> ImageSpec:
 
 
 def service_spec() -> ImageSpec:
-    """The lab's shared services: a registry (docker-registry) and an HTTP server for apt and models."""
+    """The lab's shared services: a registry (docker-registry), an HTTP server for apt and models, the Hub."""
     files = {
         "/usr/local/bin/lab-services": _standin("lab_services.sh"),
+        "/usr/local/bin/lab-hub": _standin("hub.py"),
         # Debian's default config wants htpasswd auth; the lab registry is open, on the lab network only.
         "/etc/docker/registry/config.yml": b"version: 0.1\nstorage:\n  filesystem:\n"
         b"    rootdirectory: /var/lib/docker-registry\nhttp:\n  addr: :5000\n",
     }
     return ImageSpec(
-        "services", "amd64", SERVICE_PACKAGES, files, "chmod 0755 /usr/local/bin/lab-services",
+        "services", "amd64", SERVICE_PACKAGES, files, "chmod 0755 /usr/local/bin/lab-services /usr/local/bin/lab-hub",
         ["/usr/local/bin/lab-services"],
     )
 
 
 def vllm_spec() -> ImageSpec:
-    """The vLLM image stand-in, with the production entrypoint `vllm serve`."""
+    """The vLLM image stand-in, with the production entrypoint `vllm serve` and the `hf` command the real image
+    ships (installed offline from the pinned wheels, with a clean environment so no pip setting of this machine
+    leaks into the image)."""
     files = {"/usr/local/bin/vllm": _standin("vllm_standin.py")}
     with tempfile.TemporaryDirectory() as tmp:
         vllm_data.write_image_data(Path(tmp))
         files |= {f"/usr/share/vllm-standin/{p.name}": p.read_bytes() for p in sorted(Path(tmp).iterdir())}
-    return ImageSpec(
-        "vllm", "amd64", VLLM_PACKAGES, files, "chmod 0755 /usr/local/bin/vllm",
-        [], entrypoint=["vllm", "serve"],
+    files |= {f"{IMAGE_WHEELS}/{p.name}": p.read_bytes() for p in hub_client_wheels()}
+    requirements = f"{IMAGE_WHEELS}/{HUB_CLIENT_REQUIREMENTS.name}"
+    files[requirements] = HUB_CLIENT_REQUIREMENTS.read_bytes()
+    setup = "\n".join(
+        [
+            "chmod 0755 /usr/local/bin/vllm",
+            "env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin python3 -m pip install -q --no-index --root-user-action=ignore"
+            f" --break-system-packages --find-links {IMAGE_WHEELS} -r {requirements}",
+            f"rm -rf {IMAGE_WHEELS}",
+            "env -i PATH=/usr/local/bin:/usr/bin:/bin hf version >/dev/null",
+        ]
     )
+    return ImageSpec("vllm", "amd64", VLLM_PACKAGES, files, setup, [], entrypoint=["vllm", "serve"])
+
+
+def hub_client_wheels() -> list[Path]:
+    """The pinned wheels, downloaded on the controller once per lock content, so image builds stay offline and
+    cacheable (and lab containers could not verify PyPI's certificate anyway); pip checks every hash."""
+    lock = HUB_CLIENT_REQUIREMENTS.read_bytes()
+    cache = WHEEL_CACHE / hashlib.sha256(lock).hexdigest()[:16]
+    if not (cache / ".complete").exists():
+        log(f"downloading the vLLM image's Hugging Face client wheels into {cache}")
+        partial = cache.with_name(cache.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        run([sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "--platform",
+             "manylinux_2_17_x86_64", "--python-version", IMAGE_PYTHON, "--require-hashes",
+             "-r", str(HUB_CLIENT_REQUIREMENTS), "-d", str(partial)], quiet=True)
+        shutil.rmtree(cache, ignore_errors=True)
+        partial.rename(cache)
+        (cache / ".complete").touch()
+    return sorted(cache.glob("*.whl"))
 
 
 def vllm_variant(base: str, mode: str) -> str:
