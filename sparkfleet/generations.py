@@ -108,6 +108,7 @@ def _hub(source: ModelSource, endpoint: str | None, token: str | None) -> Genera
     api = HfApi(endpoint=endpoint, token=token or False)
     where = f"`model_source` {source}"
     try:
+        api.auth_check(source.repo or "")  # a gated repository lists its files to anyone: ask for access first
         info = api.model_info(source.repo or "", revision=source.revision, files_metadata=True)
         lines = []
         total = 0

@@ -83,7 +83,9 @@ class LabState:
     nvidia_key_fingerprint: str = ""
     model_mirror_url: str = f"http://mirror.lab/models/{MODEL_NAME}"
     model_local_dir: str = str(WWW / "models" / MODEL_NAME)
-    hf_endpoint: str = f"http://hub.lab:{HUB_PORT}"  # the Hub stand-in as lab hosts reach it (HF_ENDPOINT)
+    # The Hub stand-in at its address on the lab network, which lab hosts and this machine both reach: the
+    # controller resolves revisions with the same `hf_endpoint` the Sparks download from.
+    hf_endpoint: str = ""
     hub_url: str = ""  # the same, as this machine reaches it (a port published on 127.0.0.1)
     hub_model_repo: str = ""  # the default recipe's model id; branches `main` and `next`
     hub_gated_repo: str = HUB_GATED_REPO
@@ -246,6 +248,7 @@ def _start_services(state: LabState, vllm_base: str) -> None:
     state.registry_port = _published_port(SERVICES, 5000)
     state.hub_url = f"http://127.0.0.1:{_published_port(SERVICES, HUB_PORT)}"
     state.hub_model_repo = hub_model_repo()
+    state.hf_endpoint = f"http://{_address(SERVICES)}:{HUB_PORT}"
     _wait_hub(state.hub_url)
     for tag in state.vllm_tags:
         source = images.vllm_variant(vllm_base, images.VLLM_MODES[_suffix(tag)]) if _suffix(tag) else vllm_base

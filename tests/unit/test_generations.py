@@ -185,14 +185,20 @@ class FakeHub:
             return RepoSibling(rel, size=len(data), blob_id="0" * 40, lfs=lfs)
         return RepoSibling(rel, size=len(data), blob_id=hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest())
 
-    def model_info(self, api: huggingface_hub.HfApi, repo_id: str, **kwargs: Any) -> SimpleNamespace:
-        self.calls.append(("model_info", {"repo_id": repo_id, "endpoint": api.endpoint, "token": api.token,
-                                          **kwargs}))
+    def _answer(self, url: str) -> None:
+        """The Hub's error response for `url`, raised the way huggingface_hub raises it, when one is set."""
         if self.error is not None:
             status = int(self.error["status"])
             headers = {key: value for key, value in self.error.items() if key != "status"}
-            request = httpx2.Request("GET", f"{HUB}/api/models/{repo_id}/revision/{kwargs['revision']}")
-            hf_raise_for_status(httpx2.Response(status, headers=headers, request=request))
+            hf_raise_for_status(httpx2.Response(status, headers=headers, request=httpx2.Request("GET", url)))
+
+    def auth_check(self, api: huggingface_hub.HfApi, repo_id: str, **kwargs: Any) -> None:
+        self._answer(f"{HUB}/api/models/{repo_id}/auth-check")
+
+    def model_info(self, api: huggingface_hub.HfApi, repo_id: str, **kwargs: Any) -> SimpleNamespace:
+        self.calls.append(("model_info", {"repo_id": repo_id, "endpoint": api.endpoint, "token": api.token,
+                                          **kwargs}))
+        self._answer(f"{HUB}/api/models/{repo_id}/revision/{kwargs['revision']}")
         return SimpleNamespace(sha=COMMIT, siblings=[self.sibling(rel) for rel in reversed(self.files)])
 
     def download(self, repo_id: str, filename: str, **kwargs: Any) -> str:
@@ -212,6 +218,9 @@ def hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeHub:
     # A function, not the bound method: set on the class, it receives the HfApi the code under test made.
     monkeypatch.setattr(huggingface_hub.HfApi, "model_info",
                         lambda api, repo_id, **kwargs: fake.model_info(api, repo_id, **kwargs))
+    # Access is checked first; the fake Hub answers it as it answers model info (its errors included).
+    monkeypatch.setattr(huggingface_hub.HfApi, "auth_check",
+                        lambda api, repo_id, **kwargs: fake.auth_check(api, repo_id, **kwargs))
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake.download)
     return fake
 
@@ -277,6 +286,7 @@ def test_an_unreachable_hub_names_hf_endpoint(monkeypatch: pytest.MonkeyPatch) -
         raise httpx2.ConnectError("[Errno 111] Connection refused")
 
     monkeypatch.setattr(huggingface_hub.HfApi, "model_info", refused)
+    monkeypatch.setattr(huggingface_hub.HfApi, "auth_check", refused)
     with pytest.raises(SourceError) as error:
         generations.resolve(SOURCE, HUB)
     assert str(error.value) == ("`model_source` hf://nvidia/Qwen@main: the Hub at http://hub.lan cannot be reached "
