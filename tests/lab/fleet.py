@@ -81,7 +81,8 @@ class LabState:
     nvidia_repo_url: str = "http://nvidia.lab/libnvidia-container/stable/deb/$(ARCH)"
     nvidia_key_url: str = "http://nvidia.lab/libnvidia-container/gpgkey"
     nvidia_key_fingerprint: str = ""
-    model_mirror_url: str = f"http://mirror.lab/models/{MODEL_NAME}"
+    # The mirror, like the Hub, at the services' address: the controller reads its SHA256SUMS, the Sparks its files.
+    model_mirror_url: str = ""
     model_local_dir: str = str(WWW / "models" / MODEL_NAME)
     # The Hub stand-in at its address on the lab network, which lab hosts and this machine both reach: the
     # controller resolves revisions with the same `hf_endpoint` the Sparks download from.
@@ -248,7 +249,9 @@ def _start_services(state: LabState, vllm_base: str) -> None:
     state.registry_port = _published_port(SERVICES, 5000)
     state.hub_url = f"http://127.0.0.1:{_published_port(SERVICES, HUB_PORT)}"
     state.hub_model_repo = hub_model_repo()
-    state.hf_endpoint = f"http://{_address(SERVICES)}:{HUB_PORT}"
+    services = _address(SERVICES)
+    state.hf_endpoint = f"http://{services}:{HUB_PORT}"
+    state.model_mirror_url = f"http://{services}/models/{MODEL_NAME}"
     _wait_hub(state.hub_url)
     for tag in state.vllm_tags:
         source = images.vllm_variant(vllm_base, images.VLLM_MODES[_suffix(tag)]) if _suffix(tag) else vllm_base
