@@ -34,7 +34,7 @@ from rich.live import Live
 from rich.table import Table
 
 from sparkfleet import secrets, status, tables
-from sparkfleet.endpoint import Endpoint
+from sparkfleet.endpoint import Endpoint, endpoint_url
 from sparkfleet.recipes import Expected
 from sparkfleet.remote.status import parse_metrics
 from sparkfleet.runner import load_hosts, quiet_pyinfra
@@ -72,14 +72,6 @@ class Target:
     api_key: str | None
     recipe: str
     expected: Expected | None = None
-
-
-def endpoint_url(spark: Endpoint, ssh_hostname: str | None) -> str:
-    """`vllm_url`, else the host the controller reaches over SSH, on the endpoint's port."""
-    if spark.config.vllm_url:
-        return spark.config.vllm_url.rstrip("/")
-    name = ssh_hostname or spark.host
-    return f"http://{f'[{name}]' if ':' in name else name}:{spark.config.vllm_port}"
 
 
 def target(spark: Endpoint, ssh_hostname: str | None, served_name: str | None = None) -> Target:

@@ -14,7 +14,8 @@ from pyinfra.api.operation import OperationMeta
 from pyinfra.context import ctx_state
 
 from sparkfleet.endpoint import Endpoint
-from sparkfleet.fleet import load_fleet
+from sparkfleet.fleet import GATEWAYS, Fleet, load_inventory
+from sparkfleet.gateway import Gateway
 
 # Package data, found the same way in an editable and an installed copy (templates/ is sparkfleet.templates).
 TEMPLATES = Path(str(resources.files("sparkfleet.templates")))
@@ -22,7 +23,7 @@ REMOTE = Path(str(resources.files("sparkfleet") / "remote"))  # stdlib scripts t
 LIB = "/usr/local/lib/sparkfleet"  # where they are installed there
 
 T = TypeVar("T")
-_fleets: dict[int, dict[str, Endpoint]] = {}
+_fleets: dict[int, Fleet] = {}
 # Operations whose change means the endpoint must restart, per host (weights, image, unit, env file).
 restart_triggers: dict[str, list[OperationMeta]] = {}
 # Operations that (re)start the endpoint, per host: the health step waits for it after them.
@@ -65,15 +66,35 @@ def once_per_host(read: Callable[..., T]) -> Callable[..., T]:
     return cached
 
 
-def endpoint_for(host: Host) -> Endpoint:
-    """This host's endpoint; the first call validates every targeted host, so one bad host stops all."""
+def is_gateway(host: Host) -> bool:
+    """Whether the host is in the `gateways` group: it runs the fleet's gateway, not an endpoint."""
+    return GATEWAYS in host.groups
+
+
+def _fleet() -> Fleet:
+    """Every targeted host resolved; the first call validates them all (and the Sparks a targeted gateway routes),
+    so one bad host stops every host before any operation is queued."""
     key = id(ctx_state.get())
     if key not in _fleets:
-        hosts = {h.name: h.data.dict() for h in state.inventory.iter_activated_hosts()}
-        _fleets[key], warnings = load_fleet(hosts)
-        for warning in warnings:
+        everyone = list(state.inventory)
+        _fleets[key] = load_inventory(
+            {h.name: h.data.dict() for h in everyone}, {h.name for h in everyone if is_gateway(h)},
+            targeted={h.name for h in state.inventory.iter_activated_hosts()},
+        )
+        for warning in _fleets[key].warnings:
             logger.warning(f"sparkfleet: {warning}")
+    return _fleets[key]
+
+
+def endpoint_for(host: Host) -> Endpoint:
+    """This Spark's endpoint (validating the whole inventory first)."""
+    spark = _fleet().sparks[host.name]
     restart_triggers.setdefault(host.name, [])
     activations.setdefault(host.name, [])
     toolkit_installs.setdefault(host.name, [])
-    return _fleets[key][host.name]
+    return spark
+
+
+def gateway_for(host: Host) -> Gateway:
+    """This gateway, with the Sparks it routes (validating the whole inventory first)."""
+    return _fleet().gateways[host.name]

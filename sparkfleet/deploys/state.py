@@ -1,7 +1,8 @@
-"""What the deploy's operations read from a Spark, asked for in one query (see host_state.py)."""
+"""What the deploy's operations read from a host, asked for in one query (see host_state.py)."""
 
 from __future__ import annotations
 
+from sparkfleet import gateway
 from sparkfleet.deploys import health, runtime, service, toolkit, weights
 from sparkfleet.endpoint import DAEMON_JSON, ENV_FILE, ETC, LOADED_WEIGHTS, MANIFEST, UNIT, UNIT_FILE, Endpoint
 from sparkfleet.host_state import StateQuery
@@ -23,3 +24,8 @@ def state_query(spark: Endpoint) -> StateQuery:
         weights_args=tuple(weights.check_args(spark)), manifest=f"{spark.weights_dir}/{MANIFEST}",
         loaded_weights=LOADED_WEIGHTS,
     )
+
+
+def gateway_query() -> StateQuery:
+    """Every file, unit and package the gateway step compares against on a gateway host."""
+    return StateQuery(files=(service.UPLOADS, gateway.CONFIG), units=(gateway.SERVICE,), packages=(gateway.PACKAGE,))

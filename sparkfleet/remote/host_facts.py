@@ -368,16 +368,20 @@ def deploy_state(query: dict[str, Any]) -> dict[str, Callable[[], Any]]:
     }
     if query.get("weights_args") is None:
         del probes["weights"]  # a re-read after a change keeps the first verdict (host_state.current)
-    return probes
+    # A gateway's query asks for files, units and packages only: a probe runs when the query has what it reads.
+    needs = {"daemon_json": "runtime", "runtime_mode": "runtime_config", "apt_sources": "apt_url",
+             "installed": "packages", "image_id": "image", "containers": "image", "weights": "weights_script",
+             "weights_loaded": "manifest", "login_user": "files"}
+    return {name: probe for name, probe in probes.items() if needs.get(name, name) in query}
 
 
 def gather(query: dict[str, Any]) -> dict[str, Any]:
     os.environ["PATH"] = os.environ.get("PATH", "") + ":/usr/sbin:/sbin:/usr/bin:/bin"
-    weights_dir, port, container = query["weights_dir"], query["port"], query["container"]
-    # Probes named like a fact give its value; the others give several facts at once.
-    probes: dict[str, Callable[[], Any]] = {
+    # Probes named like a fact give its value; the others give several facts at once. A Spark's preflight runs
+    # them all; a gateway, which has no endpoint to check, asks only for the deploy's state.
+    probes: dict[str, Callable[[], Any]] = {} if "weights_dir" not in query else {
         "arch": arch, "os": os_release, "docker": docker, "gpu": gpu, "memory": meminfo,
-        "disk": lambda: disk(weights_dir), "port": lambda: port_listener(port, container),
+        "disk": lambda: disk(query["weights_dir"]), "port": lambda: port_listener(query["port"], query["container"]),
         "endpoint_state": lambda: unit_state(query["unit"]), "dropin_texts": dropins,
         "daemon": lambda: daemon_json_keys(query["daemon_json"]),
     }

@@ -1,0 +1,205 @@
+"""The gateway: its configuration from the inventory, and the runtime API's answers as HAProxy 2.6 gives them.
+
+tests/unit/haproxy/ holds real answers of HAProxy 2.6.12 (Debian 12's) to `show stat` and `show servers state`,
+taken with spark-01 set to maint and spark-02 to drain while each served two requests, spark-03 drained while
+refusing connections, and spark-04 answering its health check with 401 (another API key).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sparkfleet.config import GatewayConfig
+from sparkfleet.deploys.gateway import render
+from sparkfleet.fleet import FleetError, load_inventory
+from sparkfleet.gateway import (
+    Gateway,
+    GatewayError,
+    Server,
+    answers,
+    parse_views,
+    server_ids,
+    state_commands,
+)
+
+DATA = Path(__file__).parent / "haproxy"
+
+
+def views() -> dict:
+    return parse_views((DATA / "show-stat.csv").read_text(), (DATA / "show-servers-state.txt").read_text())
+
+
+def test_each_spark_as_the_gateway_sees_it() -> None:
+    seen = views()
+    assert sorted(seen) == ["spark-01", "spark-02", "spark-03", "spark-04"]  # no FRONTEND, BACKEND or other proxy
+    assert (seen["spark-01"].status, seen["spark-01"].admin, seen["spark-01"].sessions) == ("MAINT", "maint", 2)
+    assert (seen["spark-02"].status, seen["spark-02"].admin, seen["spark-02"].sessions) == ("DRAIN", "drain", 2)
+    # show stat says only DOWN for a drained server that is down: the admin state comes from show servers state
+    assert (seen["spark-03"].status, seen["spark-03"].admin) == ("DOWN", "drain")
+    assert seen["spark-04"].check == "L7STS 401"
+    assert not any(view.up for view in seen.values())
+
+
+def test_summaries_say_state_sessions_and_why_down() -> None:
+    seen = views()
+    assert seen["spark-02"].summary() == "up, drain, 2 in flight"
+    assert seen["spark-03"].summary() == "down, drain (L4CON Connection refused), 0 in flight"
+    assert seen["spark-04"].summary() == "down (L7STS 401), 0 in flight"
+
+
+def test_an_up_ready_server_is_up() -> None:
+    stat = (DATA / "show-stat.csv").read_text().replace("sparks,spark-02,0,0,2,2,,2,0,0,,0,,0,0,0,0,DRAIN",
+                                                         "sparks,spark-02,0,0,0,2,,2,0,0,,0,,0,0,0,0,UP")
+    state = (DATA / "show-servers-state.txt").read_text().replace("spark-02 127.0.0.1 2 8", "spark-02 127.0.0.1 2 0")
+    view = parse_views(stat, state)["spark-02"]
+    assert view.up and view.summary() == "up, 0 in flight"
+
+
+def test_drain_and_ready_commands_name_backend_and_server() -> None:
+    assert state_commands(["spark-01", "spark-02"], "drain") == [
+        "set server sparks/spark-01 state drain", "set server sparks/spark-02 state drain"]
+
+
+def test_answers_are_returned_in_order() -> None:
+    output = json.dumps({"answers": ["\n", "# pxname,svname\n"]})
+    assert answers("gw", output, ["set server sparks/a state drain", "show stat"]) == ["\n", "# pxname,svname\n"]
+
+
+@pytest.mark.parametrize(("output", "expected"), [
+    (json.dumps({"error": "FileNotFoundError: No such file or directory"}),
+     "gw: cannot reach HAProxy's runtime API at /run/haproxy/admin.sock (FileNotFoundError"),
+    (json.dumps({"answers": ["No such server.\n\n"]}),
+     "gw: HAProxy refused `set server sparks/x state drain`: No such server."),
+    ("bash: python3: command not found", "gw: the gateway's runtime API printed 'bash: python3"),
+])
+def test_unusable_answers_name_the_gateway_and_the_fix(output: str, expected: str) -> None:
+    with pytest.raises(GatewayError) as error:
+        answers("gw", output, ["set server sparks/x state drain"])
+    assert str(error.value).startswith(expected)
+
+
+def test_server_ids_are_stable_when_the_fleet_grows() -> None:
+    before = server_ids(["spark-01", "spark-02", "spark-03"])
+    after = server_ids(["spark-00", "spark-01", "spark-02", "spark-03"])
+    assert all(after[name] == before[name] for name in before)
+    assert len(set(after.values())) == 4
+
+
+def gateway(key: str | None = "k3y", **config: object) -> Gateway:
+    servers = (Server("spark-01", "10.0.0.1", 8000, 11), Server("spark-02", "fd00::2", 8001, 12))
+    return Gateway("gw", GatewayConfig(**config), servers, key)
+
+
+def test_config_renders_every_server_check_and_retries() -> None:
+    text = render(gateway(gateway_port=8080))
+    assert text.startswith("# Managed by sparkfleet: do not edit")
+    assert "    bind :8080\n" in text
+    assert "    balance leastconn\n" in text and "hash-type" not in text
+    assert 'http-check send meth GET uri /v1/models ver HTTP/1.1 hdr Host sparkfleet-gateway hdr Authorization ' \
+           '"Bearer k3y"\n' in text
+    assert "    http-check expect status 200\n" in text
+    assert "default-server check inter 5s fall 3 rise 2 slowstart 60s observe layer7" in text
+    assert "retry-on conn-failure empty-response 503" in text and "option redispatch 1" in text
+    assert "    server spark-01 10.0.0.1:8000 id 11\n    server spark-02 fd00::2:8001 id 12\n" in text
+    assert "bind :8405" in text and "use-service prometheus-exporter" in text
+    assert "stats socket /run/haproxy/admin.sock mode 600 level admin" in text
+    assert "\n\n\n" not in text
+
+
+def test_config_hash_balancing_no_key_no_metrics_no_slowstart() -> None:
+    text = render(gateway(None, gateway_balance="hash", gateway_hash_header="X-Agent", gateway_metrics_port=None,
+                          gateway_slowstart_seconds=0))
+    assert "    balance hdr(X-Agent)\n    hash-type consistent\n" in text
+    assert "Authorization" not in text and "slowstart" not in text and "prometheus" not in text
+
+
+# --- the inventory: a gateway routes every serving Spark, checked before anything runs -----------------------
+
+SPARK = {"model_source": "http://mirror.lan/models/qwen", "vllm_api_key": "env:SPARKFLEET_TEST_KEY"}
+
+
+@pytest.fixture(autouse=True)
+def key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPARKFLEET_TEST_KEY", "fleet-key")
+    monkeypatch.setenv("SPARKFLEET_OTHER_KEY", "other-key")
+
+
+def inventory(**hosts: dict) -> dict[str, dict]:
+    return {"spark-01": SPARK | {"vllm_url": "http://10.0.0.1:8000"}, "spark-02": SPARK, "gw": {}} | hosts
+
+
+def errors(hosts: dict[str, dict], targeted: set[str] | None = None) -> str:
+    with pytest.raises(FleetError) as error:
+        load_inventory(hosts, {"gw"}, targeted)
+    return str(error.value)
+
+
+def test_a_gateway_routes_every_serving_spark_even_untargeted() -> None:
+    hosts = inventory(**{"spark-03": SPARK | {"vllm_start": False}})
+    fleet = load_inventory(hosts, {"gw"}, targeted={"gw"})
+    assert fleet.sparks == {}
+    gw = fleet.gateways["gw"]
+    assert [(s.name, s.address, s.port) for s in gw.servers] == [("spark-01", "10.0.0.1", 8000),
+                                                                 ("spark-02", "spark-02", 8000)]
+    assert gw.api_key == "fleet-key" and "fleet-key" not in repr(gw)
+
+
+def test_a_gateway_ignores_spark_variables_and_refuses_its_own_typos() -> None:
+    fleet = load_inventory(inventory(gw={"vllm_api_key": "env:SPARKFLEET_TEST_KEY", "gateway_port": 8080}), {"gw"})
+    assert fleet.gateways["gw"].config.gateway_port == 8080
+    message = errors(inventory(gw={"gateway_prot": 8080}))
+    assert "gw: `gateway_prot` is not a sparkfleet variable. Did you mean `gateway_port`?" in message
+
+
+def test_a_spark_only_run_does_not_judge_the_gateway() -> None:
+    fleet = load_inventory(inventory(gw={"gateway_port": 0}), {"gw"}, targeted={"spark-01"})
+    assert list(fleet.sparks) == ["spark-01"] and fleet.gateways == {}
+
+
+@pytest.mark.parametrize(("hosts", "expected"), [
+    ({"spark-02": SPARK | {"ssh_hostname": "127.0.0.1"}},
+     "spark-02: `ssh_hostname`: a gateway would reach this Spark at 127.0.0.1, a loopback address"),
+    ({"spark-02": SPARK | {"vllm_url": "http://localhost:8000"}}, "spark-02: `vllm_url`: a gateway would reach"),
+    ({"spark-02": SPARK | {"vllm_url": "https://spark-02.lan"}}, "spark-02: `vllm_url` = 'https://spark-02.lan': a "
+     "gateway reaches a Spark's endpoint over plain http"),
+    ({"spark-02": SPARK | {"vllm_api_key": "env:SPARKFLEET_OTHER_KEY"}},
+     "spark-01, spark-02: `vllm_api_key` is not one key for these Sparks, which every gateway routes (each group "
+     "accepts its own: spark-01; spark-02)"),
+    ({"spark-02": SPARK | {"vllm_port": 0}}, "spark-02: `vllm_port` = 0"),
+    ({"gw": {"gateway_balance": "random"}}, "gw: `gateway_balance` = 'random'"),
+    ({"spark 02": SPARK}, "spark 02: the host name cannot name a gateway's server"),
+])
+def test_what_a_gateway_cannot_use_is_named_with_its_fix(hosts: dict, expected: str) -> None:
+    message = errors(inventory(**hosts))
+    assert message.startswith("bad inventory, nothing was changed on any host:")
+    assert expected in message
+    assert "fleet-key" not in message and "other-key" not in message
+
+
+def test_a_key_haproxy_cfg_cannot_carry_is_refused_unquoted(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPARKFLEET_TEST_KEY", 'a"b%c')
+    message = errors(inventory())
+    assert "spark-01: `vllm_api_key`: a gateway sends this key in its health checks from haproxy.cfg" in message
+    assert 'a"b%c' not in message
+
+
+def test_a_gateway_without_sparks_is_refused() -> None:
+    message = errors({"gw": {}, "spark-01": SPARK | {"vllm_start": False}})
+    assert "gw: no Spark to route to: every host outside the `gateways` group has `vllm_start` false" in message
+
+
+def test_a_gateway_host_is_read_for_its_own_state_only(tmp_path: Path) -> None:
+    """The host-side script answers a gateway's query (files, units, packages) without a Spark's preflight probes
+    (GPU, Docker, weights) and without the Spark state probes the query does not ask for."""
+    from sparkfleet.deploys.state import gateway_query
+    from sparkfleet.remote import host_facts
+
+    query = gateway_query().as_dict() | {"files": [str(tmp_path / "haproxy.cfg")]}
+    facts = host_facts.gather({"state": query})
+    assert facts["probe_errors"] == {}
+    assert set(facts) == {"probe_errors", "state"}
+    assert set(facts["state"]) == {"files", "units", "installed", "login_user"}
+    assert facts["state"]["files"] == {str(tmp_path / "haproxy.cfg"): None}
