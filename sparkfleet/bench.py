@@ -677,11 +677,12 @@ def run_probes(targets: list[Target], load: Load, console: Console | None) -> li
 
 def main(args: argparse.Namespace) -> int:
     """Exit 0 when every targeted endpoint served the whole run without a failed request, else 1."""
-    from sparkfleet.fleet import load_fleet
+    from sparkfleet.fleet import GATEWAYS, load_fleet
 
     console = Console(stderr=args.json)
     quiet_pyinfra()
-    state, hosts = load_hosts(args.inventory, args.limit, args.data)
+    state, targeted = load_hosts(args.inventory, args.limit, args.data)
+    hosts = [host for host in targeted if GATEWAYS not in host.groups]  # a gateway serves no model of its own
     endpoints, _ = load_fleet({host.name: host.data.dict() for host in hosts})
     serving = [host for host in hosts if endpoints[host.name].config.vllm_start]
     for host in hosts:

@@ -13,12 +13,16 @@ from __future__ import annotations
 import csv
 import io
 import json
+import shlex
+import time
 import zlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol
 
 from sparkfleet.config import GatewayConfig
+from sparkfleet.runner import Reply
 
 PACKAGE = "haproxy"
 SERVICE = "haproxy.service"
@@ -115,26 +119,33 @@ def state_commands(servers: list[str], state: AdminState) -> list[str]:
 SHOW = ["show stat", f"show servers state {BACKEND}"]
 
 
-def api_command(commands: list[str]) -> tuple[str, ...]:
-    """argv that sends each command to the admin socket on the gateway and prints the answers as one JSON object
-    (the script's text travels in argv, so nothing needs installing)."""
-    return ("python3", "-c", API_SCRIPT.read_text(), SOCKET, *commands)
+def api_command(commands: list[str]) -> str:
+    """The shell command that sends each command to the admin socket on the gateway and prints the answers as one
+    JSON object (the script's text travels in argv, so nothing needs installing)."""
+    return shlex.join(["python3", "-c", API_SCRIPT.read_text(), SOCKET, *commands])
 
 
 class GatewayError(Exception):
     """A gateway that cannot be read or driven: the message names the gateway and what to check."""
 
 
-def answers(host: str, output: str, commands: list[str]) -> list[str]:
-    """The runtime API's answer to each command, from remote/haproxy_api.py's JSON; GatewayError when the socket
-    could not be reached or a command was refused."""
-    try:
-        data = json.loads(output.strip().splitlines()[-1]) if output.strip() else None
-    except ValueError:
-        data = None
+def answers(reply: Reply, commands: list[str]) -> list[str]:
+    """The runtime API's answer to each command, from remote/haproxy_api.py's JSON line in a gateway's reply to
+    `api_command(commands)`; GatewayError when the gateway, its socket or a command failed."""
+    host = reply.host
+    if reply.error:
+        raise GatewayError(f"{host}: {reply.error}")
+    data = None
+    for line in reversed(reply.stdout):
+        try:
+            data = json.loads(line)
+            break
+        except ValueError:
+            continue
     if not isinstance(data, dict):
-        raise GatewayError(f"{host}: the gateway's runtime API printed {output.strip()[:120]!r}, not its answers: "
-                           "check that python3 runs there")
+        said = (reply.stderr or reply.stdout or ["nothing"])[-1].strip()
+        raise GatewayError(f"{host}: the gateway's runtime API gave no answers (it said {said[:120]!r}): check "
+                           "that python3 runs there")
     if data.get("error"):
         raise GatewayError(f"{host}: cannot reach HAProxy's runtime API at {SOCKET} ({data['error']}): check "
                            f"`systemctl status {SERVICE}` there, or deploy the gateway")
@@ -142,9 +153,9 @@ def answers(host: str, output: str, commands: list[str]) -> list[str]:
     if not isinstance(replies, list) or len(replies) != len(commands):
         raise GatewayError(f"{host}: the gateway's runtime API answered {len(replies or [])} of "
                            f"{len(commands)} commands")
-    for command, reply in zip(commands, replies, strict=True):
-        if command.startswith("set ") and reply.strip():
-            raise GatewayError(f"{host}: HAProxy refused `{command}`: {reply.strip()} (re-deploy the gateway if a "
+    for command, answer in zip(commands, replies, strict=True):
+        if command.startswith("set ") and answer.strip():
+            raise GatewayError(f"{host}: HAProxy refused `{command}`: {answer.strip()} (re-deploy the gateway if a "
                                "Spark is missing from its configuration)")
     return replies
 
@@ -162,20 +173,24 @@ class ServerView:
     @property
     def up(self) -> bool:
         """Healthy and taking new requests."""
-        return self.admin == "ready" and self.status.split()[0] == "UP"
+        return self.state == "up"
+
+    @property
+    def state(self) -> str:
+        """up or down as the gateway's checks see it, with drain or maint when the runtime API set it."""
+        if self.admin == "maint":
+            return "maint"
+        health = "down" if self.status.split()[0] == "DOWN" else "up"  # UP, DRAIN, NOLB, "no check"
+        return f"{health}, drain" if self.admin == "drain" else health
 
     def summary(self) -> str:
-        """up, down, drain or maint, with the sessions in flight and why it is down: for a table cell."""
-        health = self.status.split()[0].lower()
-        word = {"ready": "", "drain": "drain", "maint": "maint"}[self.admin]
-        if health == "drain":
-            health = "up"
-        state = f"{health}, {word}" if word else health
-        why = f" ({self.check})" if health == "down" and self.check else ""
-        return f"{state}{why}, {self.sessions} in flight"
+        """The state, why it is down, and the requests in flight: one phrase for a message."""
+        why = f" ({self.check})" if self.state.startswith("down") and self.check else ""
+        return f"{self.state}{why}, {self.sessions} in flight"
 
     def as_dict(self) -> dict[str, object]:
-        return {"status": self.status, "sessions": self.sessions, "admin": self.admin, "check": self.check}
+        return {"state": self.state, "status": self.status, "sessions": self.sessions, "admin": self.admin,
+                "check": self.check}
 
 
 def _csv_rows(text: str) -> list[dict[str, str]]:
@@ -209,3 +224,72 @@ def parse_views(stat: str, servers_state: str) -> dict[str, ServerView]:
         views[name] = ServerView(name, row.get("status", ""), int(row.get("scur") or 0), admin.get(name, "ready"),
                                  check)
     return views
+
+
+# --- the fleet's gateways, for a rollout ------------------------------------------------------------------
+
+
+class Shell(Protocol):
+    """What drives the gateways: runner.Runner (the rollout's tests give a fake)."""
+
+    def shell(self, names: Sequence[str], command: str) -> dict[str, Reply]: ...
+
+
+POLL_SECONDS = 2.0
+
+
+class Gateways:
+    """Every gateway of the inventory, driven together: each batch of a rollout is drained at all of them before
+    it restarts, and made ready at all of them once it passes its health gate."""
+
+    def __init__(self, shell: Shell, gateways: dict[str, Gateway], sleep: Callable[[float], None] = time.sleep,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.shell, self.gateways, self.sleep, self.clock = shell, gateways, sleep, clock
+
+    def _ask(self, commands: list[str]) -> dict[str, list[str]]:
+        replies = self.shell.shell(list(self.gateways), api_command(commands))
+        return {name: answers(reply, commands) for name, reply in replies.items()}
+
+    def views(self) -> dict[str, dict[str, ServerView]]:
+        """Each gateway's view of each Spark."""
+        return {name: parse_views(*replies) for name, replies in self._ask(SHOW).items()}
+
+    def check(self, sparks: Sequence[str]) -> None:
+        """Every gateway answers and has a server for each of `sparks` (a Spark added to the inventory since a
+        gateway was last deployed has none): GatewayError otherwise, before anything is restarted."""
+        for name, views in self.views().items():
+            missing = [spark for spark in sparks if spark not in views]
+            if missing:
+                raise GatewayError(f"{name}: its configuration routes no requests to {', '.join(missing)}: deploy "
+                                   f"the gateway first (pyinfra INVENTORY deploy.py --limit {name})")
+
+    def drain(self, sparks: Sequence[str]) -> str:
+        """Stop sending `sparks` new requests at every gateway, then wait until none is in flight through any of
+        them, at most the longest `gateway_drain_timeout_seconds`; what was still in flight then, or ""."""
+        self._ask(state_commands(list(sparks), "drain"))
+        timeout = max(gateway.config.gateway_drain_timeout_seconds for gateway in self.gateways.values())
+        deadline = self.clock() + timeout
+        while True:
+            busy = {f"{spark} at {name}": view.sessions for name, views in self.views().items()
+                    for spark, view in views.items() if spark in sparks and view.sessions}
+            if not busy:
+                return ""
+            if self.clock() >= deadline:
+                said = ", ".join(f"{count} on {where}" for where, count in busy.items())
+                return f"requests still in flight after draining {timeout} s ({said}): restarted anyway"
+            self.sleep(POLL_SECONDS)
+
+    def ready(self, sparks: Sequence[str]) -> dict[str, str]:
+        """Send `sparks` requests again at every gateway, and wait until every gateway's checks see them up (rise
+        checks after a restart); per Spark not up by then, what a gateway sees instead."""
+        self._ask(state_commands(list(sparks), "ready"))
+        patience = max((g.config.gateway_check_rise + 2) * g.config.gateway_check_interval_seconds + 5
+                       for g in self.gateways.values())
+        deadline = self.clock() + patience
+        while True:
+            down = {spark: f"{name} sees it {view.summary()} {patience} s after it passed its health gate"
+                    for name, views in self.views().items() for spark, view in views.items()
+                    if spark in sparks and not view.up}
+            if not down or self.clock() >= deadline:
+                return down
+            self.sleep(POLL_SECONDS)

@@ -351,7 +351,7 @@ def login_user() -> str:
 
 
 def deploy_state(query: dict[str, Any]) -> dict[str, Callable[[], Any]]:
-    """Probes for the deploy's operations, one per query key that is present."""
+    """Probes for the deploy's operations (gather runs those the query asks for: NEEDS)."""
     probes: dict[str, Callable[[], Any]] = {
         "files": lambda: {path: file_state(path) for path in query["files"]},
         "units": lambda: unit_files(query["units"]),
@@ -368,11 +368,14 @@ def deploy_state(query: dict[str, Any]) -> dict[str, Callable[[], Any]]:
     }
     if query.get("weights_args") is None:
         del probes["weights"]  # a re-read after a change keeps the first verdict (host_state.current)
-    # A gateway's query asks for files, units and packages only: a probe runs when the query has what it reads.
-    needs = {"daemon_json": "runtime", "runtime_mode": "runtime_config", "apt_sources": "apt_url",
-             "installed": "packages", "image_id": "image", "containers": "image", "weights": "weights_script",
-             "weights_loaded": "manifest", "login_user": "files"}
-    return {name: probe for name, probe in probes.items() if needs.get(name, name) in query}
+    return probes
+
+
+# The state query key each probe reads (its own name otherwise): a gateway's query asks for files, units and
+# packages only, and a probe runs only when the query has what it reads.
+NEEDS = {"daemon_json": "runtime", "runtime_mode": "runtime_config", "apt_sources": "apt_url",
+         "installed": "packages", "image_id": "image", "containers": "image", "weights": "weights_script",
+         "weights_loaded": "manifest", "login_user": "files"}
 
 
 def gather(query: dict[str, Any]) -> dict[str, Any]:
@@ -387,7 +390,8 @@ def gather(query: dict[str, Any]) -> dict[str, Any]:
     }
     state = query.get("state")
     if state is not None:
-        probes.update({f"state.{name}": probe for name, probe in deploy_state({**query, **state}).items()})
+        probes.update({f"state.{name}": probe for name, probe in deploy_state({**query, **state}).items()
+                       if NEEDS.get(name, name) in state})
     facts: dict[str, Any] = {"probe_errors": {}}
     for name, probe in probes.items():
         try:

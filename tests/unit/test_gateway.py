@@ -8,6 +8,7 @@ refusing connections, and spark-04 answering its health check with 401 (another 
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import pytest
@@ -16,14 +17,17 @@ from sparkfleet.config import GatewayConfig
 from sparkfleet.deploys.gateway import render
 from sparkfleet.fleet import FleetError, load_inventory
 from sparkfleet.gateway import (
+    SHOW,
     Gateway,
     GatewayError,
+    Gateways,
     Server,
     answers,
     parse_views,
     server_ids,
     state_commands,
 )
+from sparkfleet.runner import Reply
 
 DATA = Path(__file__).parent / "haproxy"
 
@@ -64,20 +68,22 @@ def test_drain_and_ready_commands_name_backend_and_server() -> None:
 
 
 def test_answers_are_returned_in_order() -> None:
-    output = json.dumps({"answers": ["\n", "# pxname,svname\n"]})
-    assert answers("gw", output, ["set server sparks/a state drain", "show stat"]) == ["\n", "# pxname,svname\n"]
+    reply = Reply("gw", True, ["Welcome to gw", json.dumps({"answers": ["\n", "# pxname,svname\n"]})])
+    assert answers(reply, ["set server sparks/a state drain", "show stat"]) == ["\n", "# pxname,svname\n"]
 
 
-@pytest.mark.parametrize(("output", "expected"), [
-    (json.dumps({"error": "FileNotFoundError: No such file or directory"}),
+@pytest.mark.parametrize(("reply", "expected"), [
+    (Reply("gw", True, [json.dumps({"error": "FileNotFoundError: No such file or directory"})]),
      "gw: cannot reach HAProxy's runtime API at /run/haproxy/admin.sock (FileNotFoundError"),
-    (json.dumps({"answers": ["No such server.\n\n"]}),
+    (Reply("gw", True, [json.dumps({"answers": ["No such server.\n\n"]})]),
      "gw: HAProxy refused `set server sparks/x state drain`: No such server."),
-    ("bash: python3: command not found", "gw: the gateway's runtime API printed 'bash: python3"),
+    (Reply("gw", False, [], ["sh: 1: python3: not found"]),
+     "gw: the gateway's runtime API gave no answers (it said 'sh: 1: python3: not found')"),
+    (Reply("gw", False, error="cannot connect over SSH (timed out)"), "gw: cannot connect over SSH (timed out)"),
 ])
-def test_unusable_answers_name_the_gateway_and_the_fix(output: str, expected: str) -> None:
+def test_unusable_answers_name_the_gateway_and_the_fix(reply: Reply, expected: str) -> None:
     with pytest.raises(GatewayError) as error:
-        answers("gw", output, ["set server sparks/x state drain"])
+        answers(reply, ["set server sparks/x state drain"])
     assert str(error.value).startswith(expected)
 
 
@@ -203,3 +209,109 @@ def test_a_gateway_host_is_read_for_its_own_state_only(tmp_path: Path) -> None:
     assert set(facts) == {"probe_errors", "state"}
     assert set(facts["state"]) == {"files", "units", "installed", "login_user"}
     assert facts["state"]["files"] == {str(tmp_path / "haproxy.cfg"): None}
+
+
+# --- driving every gateway: drain, wait, ready ---------------------------------------------------------------
+
+
+def show(servers: dict[str, tuple[str, int, int]]) -> list[str]:
+    """A `show stat` and `show servers state` answer pair with each server's status, sessions and admin bits."""
+    stat = "# pxname,svname,scur,status,check_status,check_code,last_chk\n" + "".join(
+        f"sparks,{name},{sessions},{status},L7OK,200,\n" for name, (status, sessions, _) in servers.items())
+    state = "1\n# be_id be_name srv_id srv_name srv_admin_state\n" + "".join(
+        f"3 sparks {i} {name} {bits}\n" for i, (name, (_, _, bits)) in enumerate(servers.items()))
+    return [stat, state]
+
+
+class FakeShell:
+    """The gateways' answers in turn: each `show` answers the next entry of `shows`; sets answer "\\n"."""
+
+    def __init__(self, *shows: dict[str, tuple[str, int, int]]) -> None:
+        self.shows, self.commands = list(shows), []
+
+    def shell(self, names: list[str], command: str) -> dict[str, Reply]:
+        asked = shlex.split(command)[4:]
+        self.commands.append(asked)
+        answers = show(self.shows.pop(0)) if asked == SHOW else ["\n"] * len(asked)
+        return {name: Reply(name, True, [json.dumps({"answers": answers})]) for name in names}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def gateways(shell: FakeShell, **config: object) -> tuple[Gateways, Clock]:
+    clock = Clock()
+    return Gateways(shell, {"gw": gateway(**config)}, clock.sleep, lambda: clock.now), clock
+
+
+def test_drain_waits_until_nothing_is_in_flight() -> None:
+    shell = FakeShell({"spark-01": ("DRAIN", 2, 8)}, {"spark-01": ("DRAIN", 1, 8)}, {"spark-01": ("DRAIN", 0, 8)})
+    drained, clock = gateways(shell)
+    assert drained.drain(["spark-01"]) == ""
+    assert shell.commands[0] == ["set server sparks/spark-01 state drain"]
+    assert clock.now == 4.0  # two polls found requests in flight
+
+
+def test_drain_gives_up_after_the_drain_timeout_and_says_what_was_in_flight() -> None:
+    shell = FakeShell(*[{"spark-01": ("DRAIN", 3, 8)}] * 4)
+    drained, clock = gateways(shell, gateway_drain_timeout_seconds=5)
+    assert drained.drain(["spark-01"]) == ("requests still in flight after draining 5 s (3 on spark-01 at gw): "
+                                           "restarted anyway")
+    assert clock.now == 6.0
+
+
+def test_ready_waits_for_the_gateway_to_see_the_spark_up() -> None:
+    shell = FakeShell({"spark-01": ("DOWN 1/2", 0, 0)}, {"spark-01": ("UP", 0, 0)})
+    ready, _ = gateways(shell)
+    assert ready.ready(["spark-01"]) == {}
+    assert shell.commands[0] == ["set server sparks/spark-01 state ready"]
+
+
+def test_ready_reports_a_spark_the_gateway_never_sees_up() -> None:
+    shell = FakeShell(*[{"spark-01": ("DOWN", 0, 0)}] * 20)
+    ready, _ = gateways(shell, gateway_check_interval_seconds=2, gateway_check_rise=2)
+    assert ready.ready(["spark-01"]) == {
+        "spark-01": "gw sees it down (L7OK 200), 0 in flight 13 s after it passed its health gate"}
+
+
+def test_check_names_a_spark_a_gateway_does_not_route() -> None:
+    checked, _ = gateways(FakeShell({"spark-01": ("UP", 0, 0)}))
+    with pytest.raises(GatewayError, match=r"gw: its configuration routes no requests to spark-02: deploy the "
+                                           r"gateway first \(pyinfra INVENTORY deploy.py --limit gw\)"):
+        checked.check(["spark-01", "spark-02"])
+
+
+# --- status and drift ------------------------------------------------------------------------------------------
+
+
+def test_status_shows_each_spark_as_each_gateway_sees_it() -> None:
+    from sparkfleet import status
+
+    seen = status.Answer("gw", gateway=True, views=views())
+    lost = status.Answer("gw-2", error="cannot connect over SSH (timed out)", gateway=True)
+    rows = status.gateway_rows(seen)
+    assert rows[1] == ["gw", "spark-02", "[yellow]up, drain[/]", "2", "L7OK 200"]
+    assert rows[2] == ["gw", "spark-03", "[bold red]down, drain[/]", "0", "L4CON Connection refused"]
+    assert status.gateway_rows(lost) == [["gw-2", "", "[bold red]no answer[/]", "", ""]]
+    assert status.exit_code([seen]) == 0 and status.exit_code([seen, lost]) == 1
+    assert seen.as_dict()["gateway"]["spark-01"] == {"state": "maint", "status": "MAINT", "sessions": 2,
+                                                     "admin": "maint", "check": ""}
+
+
+def test_drift_names_a_spark_left_drained_at_a_gateway() -> None:
+    from sparkfleet import drift, status
+
+    seen = status.Answer("gw", gateway=True, views=views())
+    report = drift.gateway_drift(seen, drift.Plan({}, {}))
+    assert report.lines()[0] == ("gw: spark-01 is left in maint here (an interrupted rollout, or by hand): it gets no "
+                                 "new requests until the next rollout or `set server sparks/spark-01 state ready`")
+    assert len(report.lines()) == 3  # spark-01 maint, spark-02 and spark-03 drained; spark-04 is only down
+    silent = status.Answer("gw", error="cannot reach HAProxy's runtime API", gateway=True)
+    plan = drift.Plan({"gw": ["Install HAProxy from the distribution's archive"]}, {})
+    assert drift.gateway_drift(silent, plan).error is None  # the plan installs it: not an error
+    assert drift.gateway_drift(silent, drift.Plan({}, {})).error == "cannot reach HAProxy's runtime API"
