@@ -167,6 +167,7 @@ class ServerView:
     name: str
     status: str  # HAProxy's own word: UP, DOWN, DRAIN, MAINT, NOLB, "UP 1/3" (going down), "DOWN 1/2" (going up)
     sessions: int  # scur: requests in flight through this gateway
+    served: int  # stot: requests this gateway has sent it since HAProxy started
     admin: AdminState  # what the runtime API (a rollout) set
     check: str  # the last health check: status and code or reason, e.g. "L7STS 401", "L4CON Connection refused"
 
@@ -189,8 +190,8 @@ class ServerView:
         return f"{self.state}{why}, {self.sessions} in flight"
 
     def as_dict(self) -> dict[str, object]:
-        return {"state": self.state, "status": self.status, "sessions": self.sessions, "admin": self.admin,
-                "check": self.check}
+        return {"state": self.state, "status": self.status, "sessions": self.sessions, "served": self.served,
+                "admin": self.admin, "check": self.check}
 
 
 def _csv_rows(text: str) -> list[dict[str, str]]:
@@ -221,8 +222,8 @@ def parse_views(stat: str, servers_state: str) -> dict[str, ServerView]:
         # The status with its HTTP code (L7STS 401) or, without one, HAProxy's reason (L4CON Connection refused).
         reason = row.get("check_code") or row.get("last_chk", "")
         check = " ".join(part for part in (row.get("check_status", "").lstrip("* "), reason) if part)
-        views[name] = ServerView(name, row.get("status", ""), int(row.get("scur") or 0), admin.get(name, "ready"),
-                                 check)
+        views[name] = ServerView(name, row.get("status", ""), int(row.get("scur") or 0), int(row.get("stot") or 0),
+                                 admin.get(name, "ready"), check)
     return views
 
 

@@ -300,7 +300,7 @@ def test_status_shows_each_spark_as_each_gateway_sees_it() -> None:
     assert status.gateway_rows(lost) == [["gw-2", "", "[bold red]no answer[/]", "", ""]]
     assert status.exit_code([seen]) == 0 and status.exit_code([seen, lost]) == 1
     assert seen.as_dict()["gateway"]["spark-01"] == {"state": "maint", "status": "MAINT", "sessions": 2,
-                                                     "admin": "maint", "check": ""}
+                                                     "served": 2, "admin": "maint", "check": ""}
 
 
 def test_drift_names_a_spark_left_drained_at_a_gateway() -> None:
