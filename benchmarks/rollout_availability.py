@@ -60,11 +60,12 @@ def sparkfleet(*args: str) -> subprocess.CompletedProcess:
 
 
 def converge() -> None:
-    """The Sparks on the inventory's flags (one batch at a time) and the gateway deployed."""
-    sparkfleet("rollout", "inventory/lab.py", "--limit", "lab_amd64")
+    """The gateway deployed with the Sparks' current addresses, then the Sparks on the inventory's flags (one batch
+    at a time, drained at the gateway)."""
     pyinfra = str(Path(sys.executable).with_name("pyinfra"))
     subprocess.run([pyinfra, "-y", "inventory/lab.py", "deploy.py", "--limit", "gateways"], cwd=REPO,
                    capture_output=True, check=True)
+    sparkfleet("rollout", "inventory/lab.py", "--limit", "lab_amd64")
 
 
 def all_up(names: list[str], seconds: float = 120) -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import io
+import ipaddress
 import json
 import shlex
 import time
@@ -170,6 +171,7 @@ class ServerView:
     served: int  # stot: requests this gateway has sent it since HAProxy started
     admin: AdminState  # what the runtime API (a rollout) set
     check: str  # the last health check: status and code or reason, e.g. "L7STS 401", "L4CON Connection refused"
+    address: str = ""  # where the gateway sends it (srv_addr, srv_port): an address, never a host name
 
     @property
     def up(self) -> bool:
@@ -210,10 +212,12 @@ def parse_views(stat: str, servers_state: str) -> dict[str, ServerView]:
     """Each server of the `sparks` backend: status and sessions from `show stat` (CSV), the administrative state
     from `show servers state` (a drained server that is also down shows only DOWN in `show stat`)."""
     admin: dict[str, AdminState] = {}
+    addresses: dict[str, str] = {}
     for row in _csv_rows(servers_state):
         if row.get("be_name") == BACKEND:
             bits = int(row.get("srv_admin_state") or 0)
             admin[row["srv_name"]] = "maint" if bits & MAINT_BITS else "drain" if bits & DRAIN_BITS else "ready"
+            addresses[row["srv_name"]] = f"{row.get('srv_addr', '')}:{row.get('srv_port', '')}"
     views = {}
     for row in _csv_rows(stat):
         if row.get("pxname") != BACKEND or row.get("svname") in ("FRONTEND", "BACKEND"):
@@ -223,7 +227,7 @@ def parse_views(stat: str, servers_state: str) -> dict[str, ServerView]:
         reason = row.get("check_code") or row.get("last_chk", "")
         check = " ".join(part for part in (row.get("check_status", "").lstrip("* "), reason) if part)
         views[name] = ServerView(name, row.get("status", ""), int(row.get("scur") or 0), int(row.get("stot") or 0),
-                                 admin.get(name, "ready"), check)
+                                 admin.get(name, "ready"), check, addresses.get(name, ""))
     return views
 
 
@@ -237,6 +241,16 @@ class Shell(Protocol):
 
 
 POLL_SECONDS = 2.0
+
+
+def _same_place(address: str, server: Server) -> bool:
+    """Whether HAProxy's `address:port` is the server's; a server named by host name is taken as placed (HAProxy
+    shows only what the name resolved to)."""
+    host, _, port = address.rpartition(":")
+    try:
+        return ipaddress.ip_address(host) == ipaddress.ip_address(server.address) and port == str(server.port)
+    except ValueError:
+        return port == str(server.port)
 
 
 class Gateways:
@@ -256,13 +270,19 @@ class Gateways:
         return {name: parse_views(*replies) for name, replies in self._ask(SHOW).items()}
 
     def check(self, sparks: Sequence[str]) -> None:
-        """Every gateway answers and has a server for each of `sparks` (a Spark added to the inventory since a
-        gateway was last deployed has none): GatewayError otherwise, before anything is restarted."""
+        """Every gateway answers and routes each of `sparks` where the inventory says it is (a Spark added or moved
+        since the gateway was last deployed is missing or elsewhere): GatewayError otherwise, before anything is
+        restarted, as a rollout would otherwise wait for a Spark its gateway never sees come back."""
         for name, views in self.views().items():
+            wanted = {server.name: server for server in self.gateways[name].servers}
             missing = [spark for spark in sparks if spark not in views]
-            if missing:
-                raise GatewayError(f"{name}: its configuration routes no requests to {', '.join(missing)}: deploy "
-                                   f"the gateway first (pyinfra INVENTORY deploy.py --limit {name})")
+            moved = [f"{spark} at {views[spark].address}" for spark in sparks
+                     if spark in views and spark in wanted and not _same_place(views[spark].address, wanted[spark])]
+            if missing or moved:
+                what = "; ".join(filter(None, [missing and f"routes no requests to {', '.join(missing)}",
+                                               moved and f"routes {', '.join(moved)}, not where the inventory says"]))
+                raise GatewayError(f"{name}: its configuration {what}: deploy the gateway first (pyinfra INVENTORY "
+                                   f"deploy.py --limit {name})")
 
     def drain(self, sparks: Sequence[str]) -> str:
         """Stop sending `sparks` new requests at every gateway, then wait until none is in flight through any of

@@ -218,8 +218,10 @@ def show(servers: dict[str, tuple[str, int, int]]) -> list[str]:
     """A `show stat` and `show servers state` answer pair with each server's status, sessions and admin bits."""
     stat = "# pxname,svname,scur,status,check_status,check_code,last_chk\n" + "".join(
         f"sparks,{name},{sessions},{status},L7OK,200,\n" for name, (status, sessions, _) in servers.items())
-    state = "1\n# be_id be_name srv_id srv_name srv_admin_state\n" + "".join(
-        f"3 sparks {i} {name} {bits}\n" for i, (name, (_, _, bits)) in enumerate(servers.items()))
+    places = {"spark-01": "10.0.0.1 8000", "spark-02": "fd00::2 8001"}
+    state = "1\n# be_id be_name srv_id srv_name srv_admin_state srv_addr srv_port\n" + "".join(
+        f"3 sparks {i} {name} {bits} {places.get(name, '10.9.9.9 8000')}\n"
+        for i, (name, (_, _, bits)) in enumerate(servers.items()))
     return [stat, state]
 
 
@@ -315,3 +317,15 @@ def test_drift_names_a_spark_left_drained_at_a_gateway() -> None:
     plan = drift.Plan({"gw": ["Install HAProxy from the distribution's archive"]}, {})
     assert drift.gateway_drift(silent, plan).error is None  # the plan installs it: not an error
     assert drift.gateway_drift(silent, drift.Plan({}, {})).error == "cannot reach HAProxy's runtime API"
+
+
+def test_check_names_a_spark_the_gateway_sends_elsewhere() -> None:
+    shell = FakeShell({"spark-01": ("UP", 0, 0), "spark-02": ("UP", 0, 0)})
+    checked, _ = gateways(shell)
+    checked.check(["spark-01", "spark-02"])  # where the inventory says: fd00::2 is fd00::2, however written
+    stale, _ = gateways(FakeShell({"spark-01": ("UP", 0, 0), "spark-02": ("UP", 0, 0)}))
+    stale.gateways["gw"] = Gateway("gw", GatewayConfig(), (Server("spark-01", "10.0.0.7", 8000, 11),
+                                                           Server("spark-02", "fd00:0::2", 8001, 12)), None)
+    with pytest.raises(GatewayError, match=r"gw: its configuration routes spark-01 at 10.0.0.1:8000, not where the "
+                                           r"inventory says: deploy the gateway first"):
+        stale.check(["spark-01", "spark-02"])
