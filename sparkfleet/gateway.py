@@ -186,10 +186,13 @@ class ServerView:
         health = "down" if self.status.split()[0] == "DOWN" else "up"  # UP, DRAIN, NOLB, "no check"
         return f"{health}, drain" if self.admin == "drain" else health
 
+    def described(self) -> str:
+        """The state, with the last check when it is down: `down (L4CON Connection refused)`."""
+        return f"{self.state} ({self.check})" if self.state.startswith("down") and self.check else self.state
+
     def summary(self) -> str:
         """The state, why it is down, and the requests in flight: one phrase for a message."""
-        why = f" ({self.check})" if self.state.startswith("down") and self.check else ""
-        return f"{self.state}{why}, {self.sessions} in flight"
+        return f"{self.described()}, {self.sessions} in flight"
 
     def as_dict(self) -> dict[str, object]:
         return {"state": self.state, "status": self.status, "sessions": self.sessions, "served": self.served,
@@ -308,9 +311,9 @@ class Gateways:
                        for g in self.gateways.values())
         deadline = self.clock() + patience
         while True:
-            down = {spark: f"{name} sees it {view.summary()} {patience} s after it passed its health gate"
-                    for name, views in self.views().items() for spark, view in views.items()
-                    if spark in sparks and not view.up}
+            down = {spark: f"{patience} s after its health gate, {name} still sees it {view.described()}: check that "
+                           f"{name} reaches its vllm_url" for name, views in self.views().items()
+                    for spark, view in views.items() if spark in sparks and not view.up}
             if not down or self.clock() >= deadline:
                 return down
             self.sleep(POLL_SECONDS)

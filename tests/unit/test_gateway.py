@@ -214,10 +214,10 @@ def test_a_gateway_host_is_read_for_its_own_state_only(tmp_path: Path) -> None:
 # --- driving every gateway: drain, wait, ready ---------------------------------------------------------------
 
 
-def show(servers: dict[str, tuple[str, int, int]]) -> list[str]:
+def show(servers: dict[str, tuple[str, int, int]], check: str = "L7OK,200") -> list[str]:
     """A `show stat` and `show servers state` answer pair with each server's status, sessions and admin bits."""
     stat = "# pxname,svname,scur,status,check_status,check_code,last_chk\n" + "".join(
-        f"sparks,{name},{sessions},{status},L7OK,200,\n" for name, (status, sessions, _) in servers.items())
+        f"sparks,{name},{sessions},{status},{check},\n" for name, (status, sessions, _) in servers.items())
     places = {"spark-01": "10.0.0.1 8000", "spark-02": "fd00::2 8001"}
     state = "1\n# be_id be_name srv_id srv_name srv_admin_state srv_addr srv_port\n" + "".join(
         f"3 sparks {i} {name} {bits} {places.get(name, '10.9.9.9 8000')}\n"
@@ -229,12 +229,12 @@ class FakeShell:
     """The gateways' answers in turn: each `show` answers the next entry of `shows`; sets answer "\\n"."""
 
     def __init__(self, *shows: dict[str, tuple[str, int, int]]) -> None:
-        self.shows, self.commands = list(shows), []
+        self.shows, self.commands, self.check = list(shows), [], "L7OK,200"
 
     def shell(self, names: list[str], command: str) -> dict[str, Reply]:
         asked = shlex.split(command)[4:]
         self.commands.append(asked)
-        answers = show(self.shows.pop(0)) if asked == SHOW else ["\n"] * len(asked)
+        answers = show(self.shows.pop(0), self.check) if asked == SHOW else ["\n"] * len(asked)
         return {name: Reply(name, True, [json.dumps({"answers": answers})]) for name in names}
 
 
@@ -276,9 +276,10 @@ def test_ready_waits_for_the_gateway_to_see_the_spark_up() -> None:
 
 def test_ready_reports_a_spark_the_gateway_never_sees_up() -> None:
     shell = FakeShell(*[{"spark-01": ("DOWN", 0, 0)}] * 20)
+    shell.check = "L7STS,503"
     ready, _ = gateways(shell, gateway_check_interval_seconds=2, gateway_check_rise=2)
     assert ready.ready(["spark-01"]) == {
-        "spark-01": "gw sees it down (L7OK 200), 0 in flight 13 s after it passed its health gate"}
+        "spark-01": "13 s after its health gate, gw still sees it down (L7STS 503): check that gw reaches its vllm_url"}
 
 
 def test_check_names_a_spark_a_gateway_does_not_route() -> None:
