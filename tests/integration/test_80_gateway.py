@@ -16,7 +16,7 @@ import pytest
 
 from sparkfleet.gateway import SHOW, ServerView, answers, api_command, parse_views
 from sparkfleet.runner import Reply
-from tests.integration.conftest import Run, converge, fresh, invocations, on_host
+from tests.integration.conftest import Run, converge, fresh, invocations, on_host, pyinfra
 from tests.lab import LAB_DIR, REPO, fleet
 
 GATEWAY = "gateway-01"
@@ -47,12 +47,17 @@ def gateway(first_deploy: Run) -> fleet.LabHost:
     return state.host(GATEWAY)
 
 
-def views(gateway: fleet.LabHost) -> dict[str, ServerView]:
-    """The gateway's view of each Spark, through its runtime API (as root on the host, like the rollout's sudo)."""
-    result = subprocess.run(["docker", "exec", gateway.container, "sh", "-c", api_command(SHOW)],
+def api(gateway: fleet.LabHost, *commands: str) -> list[str]:
+    """The runtime API's answers, asked on the gateway as root (as the rollout does, with sudo)."""
+    result = subprocess.run(["docker", "exec", gateway.container, "sh", "-c", api_command(list(commands))],
                             capture_output=True, text=True)
     reply = Reply(GATEWAY, result.returncode == 0, result.stdout.splitlines(), result.stderr.splitlines())
-    return parse_views(*answers(reply, SHOW))
+    return answers(reply, list(commands))
+
+
+def views(gateway: fleet.LabHost) -> dict[str, ServerView]:
+    """The gateway's view of each Spark."""
+    return parse_views(*api(gateway, *SHOW))
 
 
 def all_up(gateway: fleet.LabHost, names: list[str], seconds: float = 90) -> dict[str, ServerView]:
@@ -124,11 +129,26 @@ def test_requests_with_the_key_reach_more_than_one_spark(gateway: fleet.LabHost,
     assert len(reached) > 1, reached
 
 
-def test_a_second_deploy_changes_nothing_and_drift_reads_clean(gateway: fleet.LabHost) -> None:
-    again = converge("gateways")
+def test_a_second_deploy_changes_nothing_in_one_round_trip(gateway: fleet.LabHost) -> None:
+    again = pyinfra("-vv", "deploy.py", "--limit", "gateways")
     assert again.changed == 0, again.output[-3000:]
+    # -vv prints every command sent to the host: one, the host-side script that reads every file, unit and package.
+    sent = [line for line in again.output.splitlines() if f"[{GATEWAY}] >>> " in line]
+    assert len(sent) == 1, sent
+
+
+def test_drift_reads_a_converged_gateway_clean_and_names_a_drained_spark(gateway: fleet.LabHost,
+                                                                         serving: list[fleet.LabHost]) -> None:
     drift = sparkfleet("drift", "--limit", "gateways")
     assert (drift.returncode, drift.stdout) == (0, "converged: 1 hosts\n"), drift.stderr
+    name = serving[0].name
+    api(gateway, f"set server sparks/{name} state drain")
+    try:
+        drift = sparkfleet("drift", "--limit", "gateways")
+    finally:
+        api(gateway, f"set server sparks/{name} state ready")
+    assert drift.returncode == 2, drift.stdout + drift.stderr
+    assert drift.stdout.startswith(f"{GATEWAY}: {name} is left in drain here"), drift.stdout
 
 
 def test_a_hand_edit_is_repaired_with_a_reload(gateway: fleet.LabHost) -> None:
