@@ -4,6 +4,7 @@ repaired like a Spark, and drained by rollouts so that a restart is never a clie
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -133,7 +134,7 @@ def test_a_second_deploy_changes_nothing_in_one_round_trip(gateway: fleet.LabHos
     again = pyinfra("-vv", "deploy.py", "--limit", "gateways")
     assert again.changed == 0, again.output[-3000:]
     # -vv prints every command sent to the host: one, the host-side script that reads every file, unit and package.
-    sent = [line for line in again.output.splitlines() if f"[{GATEWAY}] >>> " in line]
+    sent = [line for line in again.output.splitlines() if re.match(rf"\[{GATEWAY}\]\s+>>> ", line)]
     assert len(sent) == 1, sent
 
 

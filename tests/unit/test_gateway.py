@@ -111,7 +111,7 @@ def test_config_renders_every_server_check_and_retries() -> None:
     assert "retry-on conn-failure empty-response 503" in text and "option redispatch 1" in text
     assert "    server spark-01 10.0.0.1:8000 id 11\n    server spark-02 fd00::2:8001 id 12\n" in text
     assert "bind :8405" in text and "use-service prometheus-exporter" in text
-    assert "stats socket /run/haproxy/admin.sock mode 600 level admin" in text
+    assert "stats socket /run/haproxy/admin.sock mode 660 group haproxy level admin" in text
     assert "\n\n\n" not in text
 
 
