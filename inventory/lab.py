@@ -1,7 +1,8 @@
 """The Spark lab (`python -m tests.lab up`) as a pyinfra inventory, with the groups of sparks.py.
 
-Groups: `sparks` (every lab host), `lab_amd64` (hosts that serve), `lab_arm64` (emulated, stage only) and
-`lab_blank` (bare Debian hosts reached as root, present only while a test adds them).
+Groups: `sparks` (every simulated Spark), `lab_amd64` (Sparks that serve), `lab_arm64` (emulated, stage only),
+`lab_blank` (bare Debian hosts reached as root, present only while a test adds them) and `gateways` (the fleet's
+gateway: HAProxy in front of the serving Sparks, a plain Debian host in none of the other groups).
 
 Reads the state file the lab writes; the lab's values replace the stand-ins' production URLs.
 """
@@ -59,8 +60,26 @@ def _host(lab_host: dict) -> tuple[str, dict]:
     } | url | _overrides.get(lab_host["name"], {})
 
 
+def _gateway(lab_host: dict) -> tuple[str, dict]:
+    return lab_host["name"], {
+        "ssh_hostname": "127.0.0.1",
+        "ssh_port": lab_host["ssh_port"],
+        "ssh_user": "admin",
+        "_sudo": True,
+        "ssh_key": _lab["ssh_key"],
+        "ssh_known_hosts_file": "/dev/null",
+        "ssh_strict_host_key_checking": "no",
+        "lab_container": lab_host["container"],
+        # Not an endpoint's port, so a client reaching the gateway is never mistaken for one reaching a Spark.
+        "gateway_port": 8080,
+        # Quick enough to see a Spark come and go within a lab test's patience.
+        "gateway_check_interval_seconds": 2,
+    } | _overrides.get(lab_host["name"], {})
+
+
 _hosts = [_host(h) for h in _lab["hosts"]]
 sparks = _hosts
+gateways = [_gateway(h) for h in _lab.get("gateways", [])]
 lab_amd64 = [name for name, data in _hosts if data["vllm_start"]]
 lab_arm64 = [name for name, data in _hosts if not data["vllm_start"]]
 lab_blank = [name for name, data in _hosts if data["ssh_user"] == "root"]

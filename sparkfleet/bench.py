@@ -34,7 +34,7 @@ from rich.live import Live
 from rich.table import Table
 
 from sparkfleet import secrets, status, tables
-from sparkfleet.endpoint import Endpoint
+from sparkfleet.endpoint import Endpoint, endpoint_url
 from sparkfleet.recipes import Expected
 from sparkfleet.remote.status import parse_metrics
 from sparkfleet.runner import load_hosts, quiet_pyinfra
@@ -72,14 +72,6 @@ class Target:
     api_key: str | None
     recipe: str
     expected: Expected | None = None
-
-
-def endpoint_url(spark: Endpoint, ssh_hostname: str | None) -> str:
-    """`vllm_url`, else the host the controller reaches over SSH, on the endpoint's port."""
-    if spark.config.vllm_url:
-        return spark.config.vllm_url.rstrip("/")
-    name = ssh_hostname or spark.host
-    return f"http://{f'[{name}]' if ':' in name else name}:{spark.config.vllm_port}"
 
 
 def target(spark: Endpoint, ssh_hostname: str | None, served_name: str | None = None) -> Target:
@@ -685,11 +677,12 @@ def run_probes(targets: list[Target], load: Load, console: Console | None) -> li
 
 def main(args: argparse.Namespace) -> int:
     """Exit 0 when every targeted endpoint served the whole run without a failed request, else 1."""
-    from sparkfleet.fleet import load_fleet
+    from sparkfleet.fleet import GATEWAYS, load_fleet
 
     console = Console(stderr=args.json)
     quiet_pyinfra()
-    state, hosts = load_hosts(args.inventory, args.limit, args.data)
+    state, targeted = load_hosts(args.inventory, args.limit, args.data)
+    hosts = [host for host in targeted if GATEWAYS not in host.groups]  # a gateway serves no model of its own
     endpoints, _ = load_fleet({host.name: host.data.dict() for host in hosts})
     serving = [host for host in hosts if endpoints[host.name].config.vllm_start]
     for host in hosts:

@@ -1,7 +1,7 @@
 """Inventory variables: the one home of their defaults, types and documentation.
 
-Every variable sparkfleet reads is a field of `SparkConfig`; README's table is generated from it
-(`python -m sparkfleet vars`) and a test keeps the two equal.
+Every variable sparkfleet reads is a field of `SparkConfig` (a Spark) or `GatewayConfig` (a host in the
+`gateways` group); README's table is generated from both (`python -m sparkfleet vars`) and a test keeps it equal.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainValidato
 from sparkfleet.recipes import FlagValue, load_recipes
 
 PREFIXES = ("vllm_", "model_", "nvidia_", "health_", "weights_", "hf_")
+GATEWAY_PREFIXES = ("gateway_",)
 
 
 def _secret_ref(value: str) -> str:
@@ -237,23 +238,66 @@ class SparkConfig(BaseModel):
         examples=["/var/lib/prometheus/node-exporter"])
 
 
+class GatewayConfig(BaseModel):
+    """The inventory variables of one gateway (a host in the `gateways` group): HAProxy in front of the Sparks."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    gateway_port: int = Field(
+        8000, ge=1, le=65535, description="Port the gateway serves the fleet's OpenAI API on (every address of the "
+        "host); the default is an endpoint's, so a client moves from one Spark to the fleet by its host name alone.",
+        examples=[8080])
+    gateway_balance: Literal["leastconn", "hash"] = Field(
+        "leastconn", description="`leastconn` sends each request to the Spark with the fewest in flight; `hash` "
+        "picks the Spark by a consistent hash of `gateway_hash_header`, so an agent's requests keep hitting the "
+        "Spark that holds its prefix cache (requests without the header are spread round-robin).",
+        examples=["hash"])
+    gateway_hash_header: str = Field(
+        "X-Session-Id", pattern=r"^[A-Za-z0-9-]+$",
+        description="Request header whose value picks the Spark when `gateway_balance` is `hash`.",
+        examples=["X-Agent-Session"])
+    gateway_check_interval_seconds: int = Field(
+        5, ge=1, description="Seconds between the gateway's health checks of each Spark (GET /v1/models with the "
+        "API key: 200 only once the model is loaded and the key accepted).", examples=[2])
+    gateway_check_fall: int = Field(
+        3, ge=1, description="Consecutive failed checks before the gateway stops sending a Spark requests.",
+        examples=[2])
+    gateway_check_rise: int = Field(
+        2, ge=1, description="Consecutive passed checks before a Spark that was down gets requests again.",
+        examples=[3])
+    gateway_slowstart_seconds: int = Field(
+        60, ge=0, description="A Spark back from down gets a share of new requests that grows from none to full "
+        "over this many seconds (its first requests compile kernels); 0 gives it its full share at once.",
+        examples=[120])
+    gateway_drain_timeout_seconds: int = Field(
+        300, ge=0, description="How long a rollout waits for a drained Spark's in-flight requests to finish at "
+        "every gateway before it restarts the Spark anyway (vLLM's own graceful stop then gives them "
+        "`--shutdown-timeout` more).", examples=[900])
+    gateway_timeout_seconds: int = Field(
+        600, ge=1, description="Longest silence the gateway allows from a Spark or a client within a request (a "
+        "non-streaming completion sends nothing until it ends).", examples=[1800])
+    gateway_metrics_port: int | None = Field(
+        8405, ge=1, le=65535, description="Port of HAProxy's Prometheus exporter (`/metrics`: each Spark's state, "
+        "sessions, queue and response times as the gateway sees them); null disables.", examples=[9101])
+
+
 class InventoryError(Exception):
     """Bad inventory data: one paragraph per problem, each naming host, variable and fix."""
 
 
-def variable_names() -> list[str]:
-    return list(SparkConfig.model_fields)
+def variable_names(model: type[BaseModel] = SparkConfig) -> list[str]:
+    return list(model.model_fields)
 
 
-def _suggest(name: str) -> str:
-    close = difflib.get_close_matches(name, variable_names(), n=1, cutoff=0.6)
+def _suggest(name: str, model: type[BaseModel]) -> str:
+    close = difflib.get_close_matches(name, variable_names(model), n=1, cutoff=0.6)
     return f" Did you mean `{close[0]}`?" if close else ""
 
 
-def _describe(error: dict) -> str:
+def _describe(error: dict, model: type[BaseModel] = SparkConfig) -> str:
     field = ".".join(str(part) for part in error["loc"])
     if error["type"] == "extra_forbidden":
-        return f"`{field}` is not a sparkfleet variable.{_suggest(field)}"
+        return f"`{field}` is not a sparkfleet variable.{_suggest(field, model)}"
     message = error["msg"].removeprefix("Value error, ")
     return f"`{field}` = {error.get('input')!r}: {message}."
 
@@ -270,6 +314,16 @@ def parse_host(host: str, data: dict[str, object]) -> SparkConfig:
         raise InventoryError(f"{host}: `vllm_recipe` = {config.vllm_recipe!r} is not a shipped recipe; "
                              f"use one of: {known}.{_suggest_recipe(config.vllm_recipe)}")
     return config
+
+
+def parse_gateway(host: str, data: dict[str, object]) -> GatewayConfig:
+    """Validate one gateway's variables. A Spark's (`vllm_*`, ... often set for every host in group_data/all.py)
+    are not a gateway's and are left alone; the Sparks' own values reach the gateway through fleet.py."""
+    ours = {key: value for key, value in data.items() if key.startswith(GATEWAY_PREFIXES)}
+    try:
+        return GatewayConfig(**ours)
+    except ValidationError as error:
+        raise InventoryError("\n".join(f"{host}: {_describe(e, GatewayConfig)}" for e in error.errors())) from None
 
 
 def _suggest_recipe(name: str) -> str:

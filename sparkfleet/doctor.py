@@ -2,7 +2,8 @@
 
 The inventory is loaded exactly as the pyinfra CLI loads it (group data, `--data` overrides, `--limit`), so
 doctor judges the hosts and values a deploy would use. Hosts whose inventory is bad are reported without a
-connection; the others are reached over SSH and read once (SparkFacts).
+connection; the others are reached over SSH and read once (SparkFacts). A gateway (group `gateways`) is judged on
+its variables and the Sparks it would route, and reached over SSH.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from rich.console import Console
 
 from sparkfleet import rules, tables
 from sparkfleet.endpoint import Endpoint
-from sparkfleet.fleet import load_endpoint, with_weights
+from sparkfleet.fleet import GATEWAYS, FleetError, load_endpoint, load_inventory, with_weights
 from sparkfleet.generations import SourceError
 from sparkfleet.memory import SPARK_MEMORY_BYTES, budget, explain
 from sparkfleet.preflight import (
@@ -31,7 +32,7 @@ from sparkfleet.preflight import (
     host_summary,
     preflight_query,
 )
-from sparkfleet.runner import SSH_ERRORS, cannot_connect, connected, each, load_hosts
+from sparkfleet.runner import SSH_ERRORS, cannot_connect, connected, each, load_hosts, run_shell
 
 Status = Literal["ok", "warning", "error"]
 NOMINAL_MEMORY_RULES = ("capacity.memory", "capacity.memory-tight")  # superseded by host.memory once read
@@ -141,11 +142,36 @@ def read_host(state: State, host: Host, endpoint: Endpoint) -> Facts | str:
     return facts
 
 
+def gateway_rows(state: State, host: Host) -> list[Row]:
+    """A gateway's verdict: its variables and the Sparks it would route (fleet.load_inventory, as deploy.py
+    judges them), then whether SSH reaches it."""
+    everyone = list(state.inventory)
+    try:
+        fleet = load_inventory({h.name: h.data.dict() for h in everyone},
+                               {h.name for h in everyone if GATEWAYS in h.groups}, {host.name})
+    except FleetError as error:
+        lines = str(error).splitlines()[1:]
+        return [inventory_row(host.name, line.strip()) for line in lines]
+    gateway = fleet.gateways[host.name]
+    rows = [Row("gateway", "ok", "gateway_port", f"serves :{gateway.config.gateway_port} in front of "
+                f"{len(gateway.servers)} Sparks ({', '.join(gateway.server_names)}), {gateway.config.gateway_balance}")]
+    reply = run_shell(state, host, "true")
+    if reply.error:
+        rows.append(Row("host.unreachable", "error", "ssh_hostname", f"{reply.error}: check ssh_hostname, ssh_user, "
+                        "keys"))
+    return rows
+
+
 def diagnose(inventory: str, limits: Iterable[str] = (), data: Iterable[str] = ()) -> list[HostReport]:
     """Every targeted host's report; hosts with a bad inventory are never connected to."""
     state, hosts = load_hosts(inventory, limits, data)
     reports: dict[Host, HostReport] = {}
+    gateways = [host for host in hosts if GATEWAYS in host.groups]
+    for host, rows in zip(gateways, each(state, gateways, lambda host: gateway_rows(state, host)), strict=True):
+        reports[host] = HostReport(host.name, rows)
     for host in hosts:
+        if host in gateways:
+            continue
         endpoint, rows = recipe_rows(host.name, host.data.dict())
         reports[host] = HostReport(host.name, rows, endpoint)
     reachable = [host for host, report in reports.items() if report.endpoint is not None]
@@ -158,7 +184,7 @@ def diagnose(inventory: str, limits: Iterable[str] = (), data: Iterable[str] = (
         report.facts = facts
         report.rows = [row for row in report.rows if row.rule not in NOMINAL_MEMORY_RULES]
         report.rows += host_rows(report.endpoint, facts)  # type: ignore[arg-type]  (reachable: endpoint set)
-    return list(reports.values())
+    return [reports[host] for host in hosts]
 
 
 def render(reports: list[HostReport], console: Console, explain_budget: bool) -> None:

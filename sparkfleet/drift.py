@@ -8,6 +8,8 @@ Two sources, read side by side:
   without the runtime its daemon.json registers, systemd holding an older unit than the file, a container on
   another image than the one pulled, an unhealthy endpoint). What the dry run already names (toolkit
   version, daemon.json, unit and env file, weights) stays a fact in `--json`, not a second drift line.
+A gateway (group `gateways`) is read through HAProxy's runtime API instead: a Spark left drained or in
+maintenance there (an interrupted rollout, a hand-made change) gets no requests, and no deploy undoes that.
 
 Exit 0 converged, 2 drifted, 1 error (unreachable host, pyinfra failure, bad inventory).
 """
@@ -24,9 +26,10 @@ from pyinfra.api import Host
 from sparkfleet import status
 from sparkfleet.deploys import weights
 from sparkfleet.endpoint import UNIT, Endpoint
-from sparkfleet.fleet import load_endpoint, with_weights
+from sparkfleet.fleet import GATEWAYS, load_endpoint, with_weights
+from sparkfleet.gateway import BACKEND
 from sparkfleet.generations import SourceError
-from sparkfleet.runner import Runner, load_hosts, quiet_pyinfra
+from sparkfleet.runner import Runner, each, load_hosts, quiet_pyinfra
 
 EXIT_CONVERGED, EXIT_ERROR, EXIT_DRIFTED = 0, 1, 2
 # The operations that write the files the facts describe (service.py; a unit test keeps them in step).
@@ -191,6 +194,19 @@ def host_drift(spark: Endpoint, answer: status.Answer, plan: Plan) -> HostDrift:
     return result
 
 
+def gateway_drift(answer: status.Answer, plan: Plan) -> HostDrift:
+    """A gateway: what its deploy would change, and each Spark it is not sending requests to on purpose. An
+    unanswered runtime API is not an error when the plan installs or starts HAProxy there."""
+    changes = plan.changes.get(answer.host, [])
+    result = HostDrift(answer.host, changes, plan.follow_ups.get(answer.host, []),
+                       error=None if changes else answer.error)
+    for name, view in (answer.views or {}).items():
+        if view.admin != "ready":
+            result.drift.append(f"{name} is left in {view.admin} here (an interrupted rollout, or by hand): it gets no "
+                                f"new requests until the next rollout or `set server {BACKEND}/{name} state ready`")
+    return result
+
+
 def check(inventory: str, limits: Iterable[str] = (), data: Iterable[str] = ()) -> Report:
     """Dry run and host reports at once; a host with a bad inventory is left to the dry run's message.
 
@@ -198,19 +214,24 @@ def check(inventory: str, limits: Iterable[str] = (), data: Iterable[str] = ()) 
     quiet_pyinfra()
     state, hosts = load_hosts(inventory, limits, data)
     runner = Runner(inventory, state, hosts, list(data))
-    endpoints = {host.name: _resolved(load_endpoint(host.name, host.data.dict())[0]) for host in hosts}
-    reachable = [host for host in hosts if endpoints[host.name] is not None]
+    gateways = [host for host in hosts if GATEWAYS in host.groups]
+    endpoints: dict[str, Endpoint | None] = {host.name: _resolved(load_endpoint(host.name, host.data.dict())[0])
+                                              for host in hosts if host not in gateways}
+    reachable = [host for host in hosts if endpoints.get(host.name) is not None]
     # Hashing a controller weights directory comes first: the dry run then reads the warm cache.
     args = {host.name: reporter_args(endpoints[host.name]) for host in reachable}  # type: ignore[arg-type]
     pending = runner.start_deploy([host.name for host in hosts], dry=True)
     answers = {answer.host: answer for answer in status.probe(state, reachable, lambda host: args[host.name])}
+    answers |= {answer.host: answer for answer in each(state, gateways, lambda host: status.read_gateway(state, host))}
     dry_run = pending.result()
     plan = parse_plan(dry_run.report)
     errors = [] if dry_run.ok else dry_run.message()
-    return Report([_one(host, endpoints[host.name], answers.get(host.name), plan) for host in hosts], errors)
+    return Report([_one(host, endpoints.get(host.name), answers.get(host.name), plan) for host in hosts], errors)
 
 
 def _one(host: Host, spark: Endpoint | None, answer: status.Answer | None, plan: Plan | None) -> HostDrift:
+    if answer is not None and answer.gateway:
+        return gateway_drift(answer, plan or Plan({}, {}))
     if spark is None or answer is None:
         return HostDrift(host.name, error="bad inventory (pyinfra's message says why)")
     return host_drift(spark, answer, plan or Plan({}, {}))

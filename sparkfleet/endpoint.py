@@ -85,3 +85,12 @@ def resolve(host: str, config: SparkConfig) -> Endpoint:
         else:
             args[key] = value
     return Endpoint(host=host, config=config, recipe=recipe, args=args)
+
+
+def endpoint_url(spark: Endpoint, ssh_hostname: str | None) -> str:
+    """Where clients (`sparkfleet bench`, a gateway) reach the endpoint: `vllm_url`, else the host the controller
+    reaches over SSH, on the endpoint's port."""
+    if spark.config.vllm_url:
+        return spark.config.vllm_url.rstrip("/")
+    name = ssh_hostname or spark.host
+    return f"http://{f'[{name}]' if ':' in name else name}:{spark.config.vllm_port}"

@@ -27,25 +27,27 @@ _readings: dict[tuple[int, str], tuple[int, HostState | None]] = {}
 
 @dataclass(frozen=True)
 class StateQuery:
-    """What the deploy's operations will ask about one host (deploys/state.py builds it from the endpoint)."""
+    """What the deploy's operations will ask about one host (deploys/state.py builds it: a Spark's from its
+    endpoint, a gateway's from the few files, unit and package it manages). What is left empty is not read."""
 
-    files: tuple[str, ...]  # files and directories: type, mode, owner, and a file's sha1
-    units: tuple[str, ...]  # systemd units: ActiveState and UnitFileState
-    runtime: str  # the runtime path daemon.json's nvidia entry should run (resolved like dockerd does)
-    runtime_config: str  # the NVIDIA runtime's config.toml
-    keyring: str
-    apt_url: str  # NVIDIA's repository: the apt source files that name it, with their lines
-    packages: tuple[str, ...]
-    image: str
-    weights_script: str
-    weights_args: tuple[str, ...]  # `stage_weights.py check` arguments
-    manifest: str  # the staged weights' manifest and the copy the running endpoint started with
-    loaded_weights: str
-    model_root: str  # the model's generations, and the unit files whose mounts keep one in use
-    unit_files: tuple[str, ...]
+    files: tuple[str, ...] = ()  # files and directories: type, mode, owner, and a file's sha1
+    units: tuple[str, ...] = ()  # systemd units: ActiveState and UnitFileState
+    runtime: str = ""  # the runtime path daemon.json's nvidia entry should run (resolved like dockerd does)
+    runtime_config: str = ""  # the NVIDIA runtime's config.toml
+    keyring: str = ""
+    apt_url: str = ""  # NVIDIA's repository: the apt source files that name it, with their lines
+    packages: tuple[str, ...] = ()
+    image: str = ""
+    weights_script: str = ""
+    weights_args: tuple[str, ...] = ()  # `stage_weights.py check` arguments
+    manifest: str = ""  # the staged weights' manifest and the copy the running endpoint started with
+    loaded_weights: str = ""
+    model_root: str = ""  # the model's generations, and the unit files whose mounts keep one in use
+    unit_files: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
-        return {key: list(value) if isinstance(value, tuple) else value for key, value in asdict(self).items()}
+        return {key: list(value) if isinstance(value, tuple) else value for key, value in asdict(self).items()
+                if value}
 
 
 class HostState:

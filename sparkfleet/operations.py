@@ -39,7 +39,7 @@ def _fail(why: str) -> StringCommand:
 
 @operation()
 def managed_file(src: str | io.StringIO, dest: str, mode: str, user: str = "", group: str = "",
-                 private: bool = False):
+                 private: bool = False, check: str = ""):
     """
     Put a file on the host when its content, mode or owner differ (pyinfra's files.put, read from host_state).
 
@@ -48,12 +48,34 @@ def managed_file(src: str | io.StringIO, dest: str, mode: str, user: str = "", g
     + mode, user, group: what the file must have ("" leaves owner and group as they are)
     + private: the file holds secrets: it is created empty with its mode and owner first, and corrected before
       new content is copied in (a copy keeps the target's mode), so it is never readable by others
+    + check: a command that must accept new content before it replaces `dest` (`{}` is the candidate file's
+      path): the candidate is written beside `dest`, checked, then renamed over it; a refused one stays there
     """
     if (found := (yield from _read())) is None:
         return
     # getvalue, not read: pyinfra runs an operation's body twice (to plan, then to execute)
     data = src.getvalue() if isinstance(src, io.StringIO) else Path(src).read_text()
+    remote = found.file(dest)
+    if check and (remote is None or remote.get("sha1") != hashlib.sha1(data.encode()).hexdigest()):
+        yield from _put_checked(data, dest, mode, user, group, check)
+        return
     yield from _put(found, data, dest, mode, user, group, private)
+
+
+def _put_checked(data: str, dest: str, mode: str, user: str, group: str,
+                 check: str) -> Generator[StringCommand | FileUploadCommand, None, None]:
+    """Write a candidate beside `dest` (created empty with its mode and owner, then filled: a copy keeps them),
+    run `check` on it, and only then rename it over `dest`: a refused candidate never goes live."""
+    candidate = f"{dest}.sparkfleet-new"
+    yield StringCommand("mkdir", "-p", posixpath.dirname(dest))
+    yield StringCommand("install", "-m", mode, *(["-o", user] if user else []), *(["-g", group] if group else []),
+                        "/dev/null", candidate)
+    temp_dir = (host.current_op_global_arguments or {}).get("_temp_dir")
+    yield FileUploadCommand(io.StringIO(data), candidate,
+                            remote_temp_filename=host.get_temp_filename(candidate, temp_directory=temp_dir))
+    yield from _attributes(candidate, None, mode, user, group)  # an upload may have replaced the file
+    yield StringCommand(check.format(shlex.quote(candidate)))
+    yield StringCommand("mv", "-f", candidate, dest)
 
 
 def _put(found: HostState, data: str, dest: str, mode: str, user: str = "", group: str = "",

@@ -5,6 +5,11 @@ one-GPU boxes needs the opposite: one canary, then small batches, and a stop at 
 Each phase is a plain `pyinfra` run of `deploy.py` limited to the batch; snapshots, restores and health
 gates are shell commands over pyinfra's API (both through runner.Runner). With `--bench` (or
 `vllm_bench_gate`), a batch must also serve as fast as before it changed (bench.Gate).
+
+When the inventory has gateways (group `gateways`), clients never see a restart: before a batch restarts, its
+Sparks are drained at every gateway (no new requests; the rollout waits for those in flight), and once they
+pass their health gate they are made ready again and the rollout waits until every gateway sees them up. A
+gateway that cannot be reached stops the rollout before anything restarts.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from rich.table import Table
 from sparkfleet import bench, tables
 from sparkfleet.deploys.health import CHECKER, COMMON, CONFIG, STATE_DIR, wait_command
 from sparkfleet.endpoint import ENV_FILE, KNOWN_GOOD, UNIT, UNIT_FILE
+from sparkfleet.gateway import GatewayError, Gateways
 from sparkfleet.preflight import checkpoint_size
 from sparkfleet.runner import DeployRun, Pending, Reply, Runner, load_hosts, quiet_pyinfra
 
@@ -139,16 +145,25 @@ def _gate(runner: Runner, hosts: list[str], timeout: int) -> dict[str, tuple[boo
 
 
 def run(runner: Runner, hosts: list[str], serving: set[str], canary: int, batch: int, timeout: int,
-        say: Callable[[str], None], gate: bench.Gate | None = None,
+        say: Callable[[str], None], gate: bench.Gate | None = None, gateways: Gateways | None = None,
         watch: Callable[[Pending], DeployRun] | None = None) -> Rollout:
-    """Stage everywhere, then each batch: snapshot, deploy, gate; on a bad batch roll it back and stop.
+    """Stage everywhere, then each batch: snapshot, drain, deploy, gate, ready; on a bad batch roll it back and
+    stop.
 
     With a bench `gate`, its hosts in a batch are benched before the batch changes them (when they have no
-    reference yet) and after its health gate; a drop fails the batch like a sick host."""
+    reference yet) and after its health gate; a drop fails the batch like a sick host. With `gateways`, a batch's
+    serving hosts are out of every gateway's rotation from before their restart until they are healthy again."""
     plan = Rollout(plan_batches(hosts, canary, batch))
     for number, members in enumerate(plan.batches):
         for host in members:
             plan.results[host] = HostResult(host, number)
+    if gateways:
+        try:
+            gateways.check([host for host in hosts if host in serving])
+        except GatewayError as error:
+            _stop(plan, 0, f"not touched: {error}; a rollout drains each batch at every gateway first")
+            plan.failed_batch = -1
+            return plan
     say(f"staging weights and images on {len(hosts)} hosts (no restart)")
     stage = watch(runner.start_deploy(hosts, [f"{PHASE}=stage"])) if watch else runner.deploy(hosts, [f"{PHASE}=stage"])
     if not stage.ok:
@@ -163,6 +178,13 @@ def run(runner: Runner, hosts: list[str], serving: set[str], canary: int, batch:
                    for host, reply in runner.shell(members, snapshot_command()).items() if not reply.ok}
         if unsaved:
             _not_saved(plan, number, unsaved)
+            break
+        drained = [h for h in members if h in serving] if gateways else []
+        try:
+            drain_note = gateways.drain(drained) if gateways and drained else ""
+        except GatewayError as error:
+            _stop(plan, number, f"not touched: {error}; a rollout drains each batch at every gateway first")
+            plan.failed_batch = number
             break
         deploy = runner.deploy(members)
         verdicts = _gate(runner, [h for h in members if h in serving], timeout)
@@ -180,13 +202,22 @@ def run(runner: Runner, hosts: list[str], serving: set[str], canary: int, batch:
                 plan.results[host].diagnosis = verdicts.get(host, (True, "installed (vllm_start is false)"))[1]
                 if host in measured:
                     plan.results[host].diagnosis += f"; {measured[host].message()}"
+                if host in drained and drain_note:
+                    plan.results[host].diagnosis += f"; {drain_note}"
+            if drained and not _back_in_service(plan, gateways, drained):  # type: ignore[arg-type]
+                plan.failed_batch = number
+                _stop(plan, number + 1, f"not touched: batch {number + 1} is not back in service at every gateway")
+                break
             continue
         plan.failed_batch = number
         _roll_back(plan, runner, members, serving, sick, deploy, timeout, say)
-        for later in plan.batches[number + 1:]:
-            for host in later:
-                plan.results[host].outcome = "skipped"
-                plan.results[host].diagnosis = f"not touched: batch {number + 1} failed"
+        if drained:
+            back = [h for h in drained if plan.results[h].outcome == "rolled-back"]
+            _back_in_service(plan, gateways, back)  # type: ignore[arg-type]
+            for host in drained:
+                if host not in back:
+                    plan.results[host].diagnosis += "; kept drained at the gateways (unhealthy)"
+        _stop(plan, number + 1, f"not touched: batch {number + 1} failed")
         break
     return plan
 
@@ -202,6 +233,27 @@ def _not_saved(plan: Rollout, number: int, unsaved: dict[str, str]) -> None:
                 f"not touched: its known-good configuration could not be saved ({unsaved[host]})" if host in unsaved
                 else f"not touched: batch {number + 1} could not save {', '.join(sorted(unsaved))}'s known-good "
                      "configuration")
+
+
+def _stop(plan: Rollout, first: int, why: str) -> None:
+    """Batches from `first` on are skipped, untouched."""
+    for later in plan.batches[first:]:
+        for host in later:
+            plan.results[host].outcome = "skipped"
+            plan.results[host].diagnosis = why
+
+
+def _back_in_service(plan: Rollout, gateways: Gateways, hosts: list[str]) -> bool:
+    """Ready at every gateway, and seen up by each; what stands in the way goes into the host's diagnosis."""
+    if not hosts:
+        return True
+    try:
+        down = gateways.ready(hosts)
+    except GatewayError as error:
+        down = dict.fromkeys(hosts, f"still drained at the gateways: {error}")
+    for host, why in down.items():
+        plan.results[host].diagnosis += f"; {why}"
+    return not down
 
 
 def _stage_failed(plan: Rollout, stage: DeployRun) -> None:
@@ -251,17 +303,26 @@ def main(args: argparse.Namespace) -> int:
     """Validate first (bad inventory or arguments change nothing), then roll out; exit 1 when any batch failed.
 
     A `--limit` that targets no host raises runner.TargetError before anything runs (the CLI prints it)."""
-    from sparkfleet.fleet import FleetError, load_fleet, resolve_weights
+    from sparkfleet.fleet import GATEWAYS, FleetError, load_inventory, resolve_weights
 
     console = Console(stderr=args.json)
     quiet_pyinfra()
-    state, hosts = load_hosts(args.inventory, args.limit, args.data)
+    state, targeted = load_hosts(args.inventory, args.limit, args.data)
+    # Every gateway of the inventory drains the batches, targeted or not; a rollout restarts only Sparks.
+    gateway_hosts = [host for host in state.inventory if GATEWAYS in host.groups]
+    hosts = [host for host in targeted if host not in gateway_hosts]
+    names = [host.name for host in hosts]
+    if not hosts:
+        console.print(f"rollout: no Spark targeted, only gateways: deploy those with `pyinfra {args.inventory} "
+                      "deploy.py --limit gateways`; nothing was changed")
+        return 1
     try:
-        endpoints = resolve_weights(load_fleet({host.name: host.data.dict() for host in hosts})[0])
+        fleet = load_inventory({host.name: host.data.dict() for host in state.inventory},
+                               {host.name for host in gateway_hosts}, {*names, *(h.name for h in gateway_hosts)})
     except FleetError as error:
         console.print(f"[red]{error}[/red]")
         return 1
-    names = [host.name for host in hosts]
+    endpoints = resolve_weights(fleet.sparks)
     serving = {name for name, spark in endpoints.items() if spark.config.vllm_start}
     timeout = max((spark.recipe.load_timeout_seconds for spark in endpoints.values()), default=0)
 
@@ -272,9 +333,11 @@ def main(args: argparse.Namespace) -> int:
     gate = bench.Gate(state, gated, endpoints, bench.Load(args.bench_concurrency, args.bench_duration),
                       args.bench_tolerance, say) if gated else None
     runner = Runner(args.inventory, state, hosts, args.data)
+    gateways = Gateways(Runner(args.inventory, state, gateway_hosts, args.data), fleet.gateways) if gateway_hosts \
+        else None
     sizes = {name: (spark.weights_dir, checkpoint_size(spark)) for name, spark in endpoints.items()}
     watch = None if args.json else staging_progress(runner, console, sizes)
-    plan = run(runner, names, serving, args.canary, args.batch, timeout, say, gate, watch)
+    plan = run(runner, names, serving, args.canary, args.batch, timeout, say, gate, gateways, watch)
     if args.json:
         sys.stdout.write(json.dumps(plan.as_json(), indent=2) + "\n")
     else:

@@ -1,8 +1,10 @@
-"""`sparkfleet status`: every targeted Spark's endpoint in one table, read over SSH, changing nothing.
+"""`sparkfleet status`: every targeted Spark's endpoint in one table, read over SSH, changing nothing; then
+each targeted gateway's view of each Spark (up, down, drained, requests in flight).
 
-Each host runs the stdlib status reporter the deploy installed (sparkfleet/remote/status.py) through one
-pyinfra fact: one SSH round trip per host, all hosts at once. The inventory is loaded as the pyinfra CLI
-loads it (runner.load_hosts), so `--limit` and `--data` mean what they mean there.
+Each Spark runs the stdlib status reporter the deploy installed (sparkfleet/remote/status.py) through one
+pyinfra fact, each gateway answers through HAProxy's runtime API (gateway.py): one SSH round trip per host, all
+hosts at once. The inventory is loaded as the pyinfra CLI loads it (runner.load_hosts), so `--limit` and
+`--data` mean what they mean there.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ from rich.markup import escape
 from sparkfleet.deploys.health import CONFIG
 from sparkfleet.deploys.health import STATUS as SCRIPT
 from sparkfleet.endpoint import CONTAINER, DAEMON_JSON, ENV_FILE, LOADED_WEIGHTS, UNIT, UNIT_FILE
-from sparkfleet.runner import SSH_ERRORS, cannot_connect, connected, each, load_hosts, quiet_pyinfra
+from sparkfleet.fleet import GATEWAYS
+from sparkfleet.gateway import SHOW, GatewayError, ServerView, answers, api_command, parse_views
+from sparkfleet.runner import SSH_ERRORS, cannot_connect, connected, each, load_hosts, quiet_pyinfra, run_shell
 from sparkfleet.tables import Column, print_folded
 
 MARKER = "SPARKFLEET-STATUS "  # the reporter's line prefix (remote/status.py MARKER)
@@ -58,14 +62,24 @@ class EndpointStatus(FactBase):
 
 @dataclass
 class Answer:
-    """One host's report, or why there is none (unreachable, not deployed, unreadable output)."""
+    """One host's report, or why there is none (unreachable, not deployed, unreadable output). A gateway's report
+    is its view of each Spark (`views`)."""
 
     host: str
     status: dict[str, Any] | None = None
     error: str | None = None
     deployed: bool = True  # False: reachable, but the reporter is not installed yet
+    gateway: bool = False
+    views: dict[str, ServerView] | None = None
+
+    @property
+    def answered(self) -> bool:
+        return (self.views if self.gateway else self.status) is not None
 
     def as_dict(self) -> dict[str, Any]:
+        if self.gateway:
+            views = {name: view.as_dict() for name, view in (self.views or {}).items()}
+            return {"host": self.host, "error": self.error, "gateway": views}
         return {"host": self.host, "error": self.error, **(self.status or {})}
 
 
@@ -87,10 +101,22 @@ def probe(state: State, hosts: list[Host], args_for: Callable[[Host], str] = lam
     return each(state, hosts, lambda host: read_status(state, host, args_for(host)))
 
 
+def read_gateway(state: State, host: Host) -> Answer:
+    """A gateway's view of each Spark, from HAProxy's runtime API."""
+    try:
+        views = parse_views(*answers(run_shell(state, host, api_command(SHOW)), SHOW))
+    except GatewayError as error:
+        return Answer(host.name, error=str(error).removeprefix(f"{host.name}: "), gateway=True)
+    return Answer(host.name, gateway=True, views=views)
+
+
 def collect(inventory: str, limits: Iterable[str] = (), data: Iterable[str] = ()) -> list[Answer]:
+    """The targeted Sparks' reports, then the targeted gateways'."""
     quiet_pyinfra()
     state, hosts = load_hosts(inventory, limits, data)
-    return probe(state, hosts)
+    gateways = [host for host in hosts if GATEWAYS in host.groups]
+    sparks = [host for host in hosts if host not in gateways]
+    return probe(state, sparks) + each(state, gateways, lambda host: read_gateway(state, host))
 
 
 # --- rendering -----------------------------------------------------------------------------------------
@@ -176,9 +202,29 @@ def row(answer: Answer) -> list[str]:
     ]
 
 
+GATEWAY_COLUMNS = (Column("gateway", key=True), Column("spark", key=True), Column("state", key=True),
+                   Column("in flight", key=True, right=True), Column("last check"))
+STATE_COLOURS = {"up": "green", "up, drain": "yellow", "maint": "yellow"}
+
+
+def gateway_rows(answer: Answer) -> list[list[str]]:
+    """One row per Spark the gateway routes; one row saying there is no answer when it gave none."""
+    if answer.views is None:
+        return [[text(answer.host), "", "[bold red]no answer[/]", "", ""]]
+    return [[text(answer.host), text(name), coloured(view.state, STATE_COLOURS.get(view.state, "bold red")),
+             text(view.sessions), text(view.check or None)] for name, view in answer.views.items()]
+
+
 def render(answers: list[Answer], console: Console, wide: bool = False) -> None:
-    """The table, then why each host without an answer has none (too long for a cell)."""
-    print_folded(console, "sparkfleet status", COLUMNS, [row(answer) for answer in answers], wide)
+    """The Sparks' table, the gateways' view, then why each host without an answer has none (too long for a
+    cell)."""
+    sparks = [answer for answer in answers if not answer.gateway]
+    gateways = [answer for answer in answers if answer.gateway]
+    if sparks or not gateways:
+        print_folded(console, "sparkfleet status", COLUMNS, [row(answer) for answer in sparks], wide)
+    if gateways:
+        print_folded(console, "gateways: each Spark as the gateway sees it", GATEWAY_COLUMNS,
+                     [line for answer in gateways for line in gateway_rows(answer)], wide)
     for answer in answers:
         if answer.error:
             console.print(f"[bold red]{answer.host}[/]: {answer.error}", highlight=False)
@@ -186,4 +232,4 @@ def render(answers: list[Answer], console: Console, wide: bool = False) -> None:
 
 def exit_code(answers: list[Answer]) -> int:
     """0 when every targeted host answered, 1 otherwise (and when no host matched)."""
-    return 0 if answers and all(answer.status is not None for answer in answers) else 1
+    return 0 if answers and all(answer.answered for answer in answers) else 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 from typing import TypeVar
@@ -14,7 +15,8 @@ from pyinfra.api.operation import OperationMeta
 from pyinfra.context import ctx_state
 
 from sparkfleet.endpoint import Endpoint
-from sparkfleet.fleet import load_fleet, resolve_weights
+from sparkfleet.fleet import GATEWAYS, Fleet, load_inventory, resolve_weights
+from sparkfleet.gateway import Gateway
 
 # Package data, found the same way in an editable and an installed copy (templates/ is sparkfleet.templates).
 TEMPLATES = Path(str(resources.files("sparkfleet.templates")))
@@ -22,7 +24,7 @@ REMOTE = Path(str(resources.files("sparkfleet") / "remote"))  # stdlib scripts t
 LIB = "/usr/local/lib/sparkfleet"  # where they are installed there
 
 T = TypeVar("T")
-_fleets: dict[int, dict[str, Endpoint]] = {}
+_fleets: dict[int, Fleet] = {}
 # Operations whose change means the endpoint must restart, per host (weights, image, unit, env file).
 restart_triggers: dict[str, list[OperationMeta]] = {}
 # Operations that (re)start the endpoint, per host: the health step waits for it after them.
@@ -65,21 +67,43 @@ def once_per_host(read: Callable[..., T]) -> Callable[..., T]:
     return cached
 
 
+def is_gateway(host: Host) -> bool:
+    """Whether the host is in the `gateways` group: it runs the fleet's gateway, not an endpoint."""
+    return GATEWAYS in host.groups
+
+
+def _fleet() -> Fleet:
+    """Every targeted host resolved; the first call validates them all (and the Sparks a targeted gateway routes),
+    so one bad host stops every host before any operation is queued."""
+    key = id(ctx_state.get())
+    if key not in _fleets:
+        everyone = list(state.inventory)
+        _fleets[key] = load_inventory(
+            {h.name: h.data.dict() for h in everyone}, {h.name for h in everyone if is_gateway(h)},
+            targeted={h.name for h in state.inventory.iter_activated_hosts()},
+        )
+        for warning in _fleets[key].warnings:
+            logger.warning(f"sparkfleet: {warning}")
+        # The weights of every Spark: each source resolved once (the Hub asked before any host is changed).
+        _fleets[key] = replace(_fleets[key], sparks=resolve_weights(_fleets[key].sparks))
+    return _fleets[key]
+
+
 def fleet() -> dict[str, Endpoint]:
-    """Every targeted host's endpoint in this run (endpoint_for has validated them), in inventory order."""
-    return _fleets[id(ctx_state.get())]
+    """The Sparks this run deploys, in inventory order (weight fan-out plans its rounds among them)."""
+    targeted = {h.name for h in state.inventory.iter_activated_hosts()}
+    return {name: spark for name, spark in _fleet().sparks.items() if name in targeted}
 
 
 def endpoint_for(host: Host) -> Endpoint:
-    """This host's endpoint; the first call validates every targeted host, so one bad host stops all."""
-    key = id(ctx_state.get())
-    if key not in _fleets:
-        hosts = {h.name: h.data.dict() for h in state.inventory.iter_activated_hosts()}
-        endpoints, warnings = load_fleet(hosts)
-        for warning in warnings:
-            logger.warning(f"sparkfleet: {warning}")
-        _fleets[key] = resolve_weights(endpoints)
+    """This Spark's endpoint (validating the whole inventory first)."""
+    spark = _fleet().sparks[host.name]
     restart_triggers.setdefault(host.name, [])
     activations.setdefault(host.name, [])
     toolkit_installs.setdefault(host.name, [])
-    return _fleets[key][host.name]
+    return spark
+
+
+def gateway_for(host: Host) -> Gateway:
+    """This gateway, with the Sparks it routes (validating the whole inventory first)."""
+    return _fleet().gateways[host.name]

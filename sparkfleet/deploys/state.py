@@ -1,7 +1,8 @@
-"""What the deploy's operations read from a Spark, asked for in one query (see host_state.py)."""
+"""What the deploy's operations read from a host, asked for in one query (see host_state.py)."""
 
 from __future__ import annotations
 
+from sparkfleet import gateway
 from sparkfleet.deploys import health, runtime, service, toolkit, weights
 from sparkfleet.endpoint import (
     DAEMON_JSON,
@@ -35,3 +36,8 @@ def state_query(spark: Endpoint) -> StateQuery:
         loaded_weights=LOADED_WEIGHTS, model_root=spark.model_root,
         unit_files=(UNIT_FILE, f"{KNOWN_GOOD}/{UNIT}.service"),
     )
+
+
+def gateway_query() -> StateQuery:
+    """Every file, unit and package the gateway step compares against on a gateway host."""
+    return StateQuery(files=(service.UPLOADS, gateway.CONFIG), units=(gateway.SERVICE,), packages=(gateway.PACKAGE,))

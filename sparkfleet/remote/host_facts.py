@@ -364,7 +364,7 @@ def login_user() -> str:
 
 
 def deploy_state(query: dict[str, Any]) -> dict[str, Callable[[], Any]]:
-    """Probes for the deploy's operations, one per query key that is present."""
+    """Probes for the deploy's operations (gather runs those the query asks for: NEEDS)."""
     probes: dict[str, Callable[[], Any]] = {
         "files": lambda: {path: file_state(path) for path in query["files"]},
         "units": lambda: unit_files(query["units"]),
@@ -385,19 +385,27 @@ def deploy_state(query: dict[str, Any]) -> dict[str, Callable[[], Any]]:
     return probes
 
 
+# The state query key each probe reads (its own name otherwise): a gateway's query asks for files, units and
+# packages only, and a probe runs only when the query has what it reads.
+NEEDS = {"daemon_json": "runtime", "runtime_mode": "runtime_config", "apt_sources": "apt_url",
+         "installed": "packages", "image_id": "image", "containers": "image", "weights": "weights_script",
+         "weights_loaded": "manifest", "login_user": "files"}
+
+
 def gather(query: dict[str, Any]) -> dict[str, Any]:
     os.environ["PATH"] = os.environ.get("PATH", "") + ":/usr/sbin:/sbin:/usr/bin:/bin"
-    weights_dir, port, container = query["weights_dir"], query["port"], query["container"]
-    # Probes named like a fact give its value; the others give several facts at once.
-    probes: dict[str, Callable[[], Any]] = {
+    # Probes named like a fact give its value; the others give several facts at once. A Spark's preflight runs
+    # them all; a gateway, which has no endpoint to check, asks only for the deploy's state.
+    probes: dict[str, Callable[[], Any]] = {} if "weights_dir" not in query else {
         "arch": arch, "os": os_release, "docker": docker, "gpu": gpu, "memory": meminfo,
-        "disk": lambda: disk(weights_dir), "port": lambda: port_listener(port, container),
+        "disk": lambda: disk(query["weights_dir"]), "port": lambda: port_listener(query["port"], query["container"]),
         "endpoint_state": lambda: unit_state(query["unit"]), "dropin_texts": dropins,
         "daemon": lambda: daemon_json_keys(query["daemon_json"]),
     }
     state = query.get("state")
     if state is not None:
-        probes.update({f"state.{name}": probe for name, probe in deploy_state({**query, **state}).items()})
+        probes.update({f"state.{name}": probe for name, probe in deploy_state({**query, **state}).items()
+                       if NEEDS.get(name, name) in state})
     facts: dict[str, Any] = {"probe_errors": {}}
     for name, probe in probes.items():
         try:

@@ -1,5 +1,5 @@
-"""`sparkfleet status` and `sparkfleet drift` on the lab: every host shown, a converged fleet reads clean, an
-injected drift is named by host and item until a deploy repairs it."""
+"""`sparkfleet status` and `sparkfleet drift` on the lab: every host shown (the gateway with its view of each
+Spark), a converged fleet reads clean, an injected drift is named by host and item until a deploy repairs it."""
 
 from __future__ import annotations
 
@@ -51,14 +51,17 @@ def _complete(host: fleet.LabHost, served_name: str) -> None:
 
 def test_status_shows_every_host(lab: fleet.LabState, converged: Run) -> None:
     first = sparkfleet("status", "--json")
-    served = {row["host"]: row["served_name"] for row in json.loads(first.stdout)}
+    served = {row["host"]: row.get("served_name") for row in json.loads(first.stdout)}
     for host in lab.hosts:
         if host.arch == "amd64":
             _complete(host, served[host.name])
     result = sparkfleet("status", "--json")
     assert result.returncode == 0, result.stdout + result.stderr
     rows = {row["host"]: row for row in json.loads(result.stdout)}
-    assert sorted(rows) == sorted(h.name for h in lab.hosts)
+    assert sorted(rows) == sorted(h.name for h in [*lab.hosts, *lab.gateways])
+    for gateway in lab.gateways:  # it routes the Sparks that serve, and reads as a gateway, not an endpoint
+        assert rows[gateway.name]["error"] is None
+        assert sorted(rows[gateway.name]["gateway"]) == sorted(h.name for h in lab.hosts if h.arch == "amd64")
     for host in lab.hosts:
         row = rows[host.name]
         assert row["error"] is None and row["served_name"] == "nvidia/Qwen3.6-35B-A3B-NVFP4", row
@@ -83,7 +86,7 @@ def test_status_shows_every_host(lab: fleet.LabState, converged: Run) -> None:
 def test_drift_is_one_quiet_line_after_a_deploy(lab: fleet.LabState, converged: Run) -> None:
     result = drift_settles(0)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert (result.stdout, result.stderr) == (f"converged: {len(lab.hosts)} hosts\n", "")
+    assert (result.stdout, result.stderr) == (f"converged: {len(lab.hosts) + len(lab.gateways)} hosts\n", "")
 
 
 def test_drift_names_a_removed_runtime_until_a_deploy_restores_it(lab: fleet.LabState,
@@ -105,7 +108,8 @@ def test_drift_names_a_removed_runtime_until_a_deploy_restores_it(lab: fleet.Lab
     finally:
         converge("spark-01")
     result = drift_settles(0)
-    assert (result.returncode, result.stdout) == (0, f"converged: {len(lab.hosts)} hosts\n"), result.stderr
+    assert (result.returncode, result.stdout) == (0, f"converged: {len(lab.hosts) + len(lab.gateways)} hosts\n"), \
+        result.stderr
 
 
 def test_drift_reports_an_unreachable_host_as_an_error(spark01: fleet.LabHost) -> None:

@@ -19,8 +19,9 @@ SAMPLE_SECONDS = 2.0
 
 @pytest.fixture(scope="module")
 def serving(amd64: list[fleet.LabHost]) -> list[fleet.LabHost]:
-    """The amd64 hosts, converged and serving (the arm64 host serves nothing: rollouts here are to lab_amd64)."""
-    converge("lab_amd64")
+    """The amd64 hosts, converged and serving (the arm64 host serves nothing: rollouts here are to lab_amd64), and
+    the gateway that drains them during a rollout deployed with their current addresses."""
+    converge("lab_amd64", "gateways")
     return amd64
 
 

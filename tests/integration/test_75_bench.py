@@ -35,8 +35,9 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def serving(amd64: list[fleet.LabHost]) -> Iterator[list[fleet.LabHost]]:
     """The amd64 hosts deployed, each running the current vLLM stand-in (whose MTP acceptance and pace follow the
     kernel flags): a host that pulled the tag before the stand-in changed keeps its old copy, since deploys pull
-    a present tag only once. Put back by a plain deploy at the end."""
-    converge("lab_amd64")
+    a present tag only once. Put back by a plain deploy at the end. The gateway that drains them during a rollout
+    is deployed with their current addresses."""
+    converge("lab_amd64", "gateways")
     for host in amd64:
         on_host(host.container, f"docker pull -q {IMAGE}")
         wanted = on_host(host.container, f"docker image inspect -f '{{{{.Id}}}}' {IMAGE}").strip()

@@ -22,7 +22,7 @@ def _status() -> int:
     table = tables.table(console, "sparkfleet lab")
     for column in ("host", "arch", "ssh", "container", "systemd", "docker"):
         table.add_column(column)
-    for host in state.hosts:
+    for host in [*state.hosts, *state.gateways]:
         status = fleet._container_state(host.container)
         systemd = docker = "-"
         if status and status[0] == "running":
@@ -44,7 +44,7 @@ def _exec(container: str, *command: str) -> str:
 
 def _demo(args: argparse.Namespace) -> int:
     """Bring the lab up and run the real deploy against it, as a user would against their Sparks."""
-    fleet.up(args.hosts, args.arm64)
+    fleet.up(args.hosts, args.arm64, gateways=args.gateways)
     pyinfra = os.path.join(os.path.dirname(sys.executable), "pyinfra")
     return subprocess.run([pyinfra, "-y", "inventory/lab.py", "deploy.py"], cwd=REPO).returncode
 
@@ -57,11 +57,12 @@ def main() -> int:
         command = commands.add_parser(name, help=text)
         command.add_argument("--hosts", type=int, default=3, help="amd64 hosts (default 3)")
         command.add_argument("--arm64", type=int, default=1, help="emulated arm64 hosts (default 1)")
+        command.add_argument("--gateways", type=int, default=1, help="gateway hosts (default 1)")
     commands.add_parser("down", help="remove everything the lab started")
     commands.add_parser("status", help="table of hosts, addresses and states")
     args = parser.parse_args()
     if args.command == "up":
-        fleet.up(args.hosts, args.arm64)
+        fleet.up(args.hosts, args.arm64, gateways=args.gateways)
         return _status()
     if args.command == "demo":
         return _demo(args)

@@ -38,14 +38,18 @@ HF_TOKEN_FILE = LAB_DIR / "secrets" / "hf_token"
 
 # The toolkit version a stock Spark ships with (DGX OS 7, 2026), preinstalled from NVIDIA's repository.
 STOCK_TOOLKIT = "1.19.0-1"
-STOCK_SCRIPT = Path(__file__).parent / "standins" / "stock_spark.sh"
+STANDINS = Path(__file__).parent / "standins"
+# The scripts that shape a new host of each profile, run in order (blank hosts are left as the image made them).
+PROFILE_SCRIPTS = {"stock": (STANDINS / "sudo_user.sh", STANDINS / "stock_spark.sh"),
+                   "gateway": (STANDINS / "sudo_user.sh", STANDINS / "gateway_host.sh")}
 OWNER_IMAGE = "lab/owner-webui:1"  # in the lab registry: a container sparkfleet does not own
 
 
 @dataclass
 class LabHost:
-    """One simulated Spark. `stock`: shaped like a DGX OS Spark, reached as `admin` with sudo; `blank`: a
-    bare Debian host reached as root (the from-scratch path)."""
+    """One lab host. `stock`: a simulated Spark shaped like a DGX OS Spark, reached as `admin` with sudo; `blank`:
+    a bare Debian host reached as root (the from-scratch path); `gateway`: a plain Debian server for the fleet's
+    gateway (no GPU stand-in in use), reached as `admin` with sudo, with Debian's archive as its apt source."""
 
     name: str
     arch: str
@@ -56,7 +60,7 @@ class LabHost:
 
     @property
     def user(self) -> str:
-        return "admin" if self.profile == "stock" else "root"
+        return "root" if self.profile == "blank" else "admin"
 
     def stock_settings(self) -> dict[str, str]:
         """How this stock host's owner set it up: hosts differ the way real Sparks do."""
@@ -74,7 +78,8 @@ class LabHost:
 class LabState:
     """What `up` started, as inventory/lab.py and the tests read it."""
 
-    hosts: list[LabHost] = field(default_factory=list)
+    hosts: list[LabHost] = field(default_factory=list)  # the simulated Sparks
+    gateways: list[LabHost] = field(default_factory=list)  # the fleet's gateway hosts (group `gateways`)
     ssh_key: str = str(SSH_KEY)
     registry_port: int = 0
     vllm_tags: list[str] = field(default_factory=list)
@@ -94,10 +99,11 @@ class LabState:
 
     def host(self, name: str) -> LabHost:
         """The host called `name`: tests name the host they change."""
-        for host in self.hosts:
+        for host in [*self.hosts, *self.gateways]:
             if host.name == name:
                 return host
-        raise LookupError(f"the lab has no host {name} (it has {', '.join(h.name for h in self.hosts)})")
+        names = ", ".join(h.name for h in [*self.hosts, *self.gateways])
+        raise LookupError(f"the lab has no host {name} (it has {names})")
 
     def save(self) -> None:
         STATE_FILE.parent.mkdir(parents=True, exist_ok=True)
@@ -109,6 +115,7 @@ class LabState:
             return None
         data = json.loads(STATE_FILE.read_text())
         data["hosts"] = [LabHost(**host) for host in data["hosts"]]
+        data["gateways"] = [LabHost(**host) for host in data.get("gateways", [])]
         return cls(**data)
 
 
@@ -316,9 +323,10 @@ def _meminfo(host: LabHost) -> Path:
 
 def _provisioning(host: LabHost) -> str:
     """What a host's profile is made from, for its container's config hash."""
+    scripts = [path.read_text() for path in PROFILE_SCRIPTS.get(host.profile, ())]
     if host.profile != "stock":
-        return host.profile
-    return json.dumps([host.stock_settings(), STOCK_SCRIPT.read_text()])
+        return json.dumps([host.profile, scripts]) if scripts else host.profile
+    return json.dumps([host.stock_settings(), scripts])
 
 
 def _start_host(host: LabHost, image: str) -> None:
@@ -356,14 +364,16 @@ def _wait_ready(host: LabHost) -> None:
 
 
 def _provision(host: LabHost) -> None:
-    """Shape a freshly started stock host like its owner left it, once per container."""
-    if host.profile != "stock" or subprocess.run(
+    """Shape a freshly started host like its profile says (a stock Spark as its owner left it, a gateway's
+    server), once per container."""
+    if host.profile not in PROFILE_SCRIPTS or subprocess.run(
             ["docker", "exec", host.container, "test", "-f", "/var/lib/sparkfleet-lab/profile"]).returncode == 0:
         return
-    log(f"shaping {host.name} like a stock DGX OS Spark")
+    log(f"shaping {host.name} like {'a stock DGX OS Spark' if host.profile == 'stock' else 'a gateway server'}")
     env = {**host.stock_settings(), "NVIDIA_BASE": "http://nvidia.lab/libnvidia-container"}
+    script = "\n".join(path.read_text() for path in PROFILE_SCRIPTS[host.profile])
     run(["docker", "exec", "-i", *(f"--env={key}={value}" for key, value in env.items()), host.container,
-         "sh", "-c", STOCK_SCRIPT.read_text()], quiet=True, input=Path(f"{SSH_KEY}.pub").read_bytes())
+         "sh", "-c", script], quiet=True, input=Path(f"{SSH_KEY}.pub").read_bytes())
 
 
 def plan_hosts(amd64: int, arm64: int, blank: int = 0) -> list[LabHost]:
@@ -378,14 +388,21 @@ def plan_hosts(amd64: int, arm64: int, blank: int = 0) -> list[LabHost]:
     return hosts
 
 
-def up(amd64: int = 3, arm64: int = 1, vllm_tags: list[str] | None = None, blank: int = 0) -> LabState:
+def plan_gateways(count: int) -> list[LabHost]:
+    return [LabHost(f"gateway-{i:02d}", "amd64", f"{PREFIX}gateway-{i:02d}", 0, "gateway") for i in range(1, count + 1)]
+
+
+def up(amd64: int = 3, arm64: int = 1, vllm_tags: list[str] | None = None, blank: int = 0,
+       gateways: int = 1) -> LabState:
     """Bring the lab to the wanted shape; reuses images, containers and generated data that exist.
 
-    The default fleet is stock-shaped Sparks; `blank` adds bare Debian hosts for the from-scratch path.
+    The default fleet is stock-shaped Sparks and one gateway host; `blank` adds bare Debian hosts for the
+    from-scratch path.
     """
     require_tools(arm64 > 0)
     _ssh_key()
-    state = LabState(hosts=plan_hosts(amd64, arm64, blank), vllm_tags=vllm_tags or default_vllm_tags())
+    state = LabState(hosts=plan_hosts(amd64, arm64, blank), gateways=plan_gateways(gateways),
+                     vllm_tags=vllm_tags or default_vllm_tags())
     state.nvidia_key_fingerprint = _prepare_www()
     _api_key()
     if subprocess.run(["docker", "network", "inspect", NETWORK], capture_output=True).returncode != 0:
@@ -397,13 +414,14 @@ def up(amd64: int = 3, arm64: int = 1, vllm_tags: list[str] | None = None, blank
         _start_services(state, images.build(images.vllm_spec()))
         host_images = {"amd64": images.build(images.host_spec("amd64"))}
         host_images |= {arch: future.result() for arch, future in foreign.items()}
-    for host in state.hosts:
+    every = [*state.hosts, *state.gateways]
+    for host in every:
         _start_host(host, host_images[host.arch])
     _remove_unplanned(state)
-    for host in state.hosts:
+    for host in every:
         _wait_ready(host)
-    with ThreadPoolExecutor(max_workers=len(state.hosts) or 1) as pool:
-        list(pool.map(_provision, state.hosts))
+    with ThreadPoolExecutor(max_workers=len(every) or 1) as pool:
+        list(pool.map(_provision, every))
     state.save()
     return state
 
@@ -412,12 +430,12 @@ def reset(names: list[str]) -> LabState:
     """Give these hosts back as new (a fresh container and Docker volume), the rest of the lab untouched."""
     current = LabState.load()
     assert current is not None, "the lab is not up"
-    for host in current.hosts:
+    for host in [*current.hosts, *current.gateways]:
         if host.name in names:
             _remove(host.container)
     counts = {profile: [h for h in current.hosts if h.profile == profile] for profile in ("stock", "blank")}
     arm64 = sum(h.arch == "arm64" for h in counts["stock"])
-    return up(len(counts["stock"]) - arm64, arm64, current.vllm_tags, len(counts["blank"]))
+    return up(len(counts["stock"]) - arm64, arm64, current.vllm_tags, len(counts["blank"]), len(current.gateways))
 
 
 def _remove(container: str) -> None:
@@ -432,7 +450,7 @@ def _lab_containers() -> list[str]:
 
 def _remove_unplanned(state: LabState) -> None:
     """A lab resized to fewer hosts drops the extra ones, so the inventory matches what runs."""
-    planned = {host.container for host in state.hosts} | {SERVICES}
+    planned = {host.container for host in [*state.hosts, *state.gateways]} | {SERVICES}
     for name in _lab_containers():
         if name not in planned:
             _remove(name)

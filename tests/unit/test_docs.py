@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from sparkfleet.config import SparkConfig
+from sparkfleet.config import GatewayConfig, SparkConfig
 from sparkfleet.docs import variables_table
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -13,5 +13,5 @@ def test_readme_table_is_current() -> None:
 
 
 def test_every_variable_has_a_description_and_example() -> None:
-    for name, field in SparkConfig.model_fields.items():
+    for name, field in {**SparkConfig.model_fields, **GatewayConfig.model_fields}.items():
         assert field.description and field.examples, name

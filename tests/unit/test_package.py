@@ -47,6 +47,7 @@ def test_wheel_carries_every_package_file(tmp_path: Path) -> None:
 def test_deploy_finds_templates_and_scripts_as_package_resources() -> None:
     templates = {path.relative_to(TEMPLATES).as_posix() for path in TEMPLATES.rglob("*.j2")}
     assert templates == {"vllm/sparkfleet-vllm.service.j2", "health/sparkfleet-health.service.j2",
-                         "health/sparkfleet-health.timer.j2", "weights/sparkfleet-weights-share.service.j2"}
-    for script in ("stage_weights.py", "share_weights.py", "healthcheck.py", "status.py"):
+                         "health/sparkfleet-health.timer.j2", "weights/sparkfleet-weights-share.service.j2",
+                         "gateway/haproxy.cfg.j2"}
+    for script in ("stage_weights.py", "share_weights.py", "healthcheck.py", "status.py", "haproxy_api.py"):
         assert (REMOTE / script).is_file(), script

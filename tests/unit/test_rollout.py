@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 import pytest
 
 from sparkfleet import rollout
+from sparkfleet.gateway import GatewayError
 from sparkfleet.runner import DeployRun, Reply
 
 HOSTS = ["s1", "s2", "s3", "s4", "s5"]
@@ -203,3 +204,84 @@ def test_a_host_whose_known_good_cannot_be_saved_is_not_deployed() -> None:
         "s3": ("skipped", "not touched: its known-good configuration could not be saved (cp: No space left)"),
         "s4": ("skipped", "not touched: batch 2 could not save s3's known-good configuration"),
     }
+
+
+# --- with gateways: each batch out of rotation from before its restart until it is healthy again -----------
+
+
+class FakeGateways:
+    """gateway.Gateways as the rollout uses it: `unreachable` raises at that step (check, or drain of a host),
+    `down` hosts are not seen up after ready. Calls go into the runner's list, so the order is one."""
+
+    def __init__(self, calls: list[str], unreachable: str = "", down: Iterable[str] = ()) -> None:
+        self.calls, self.unreachable, self.down = calls, unreachable, set(down)
+
+    def _call(self, step: str, sparks: Sequence[str]) -> None:
+        self.calls.append(f"{step} {' '.join(sparks)}")
+        if self.unreachable in (step, f"{step} {sparks[0]}"):
+            raise GatewayError("gateway-01: cannot connect over SSH (timed out)")
+
+    def check(self, sparks: Sequence[str]) -> None:
+        self._call("check", sparks)
+
+    def drain(self, sparks: Sequence[str]) -> str:
+        self._call("drain", sparks)
+        return ""
+
+    def ready(self, sparks: Sequence[str]) -> dict[str, str]:
+        self._call("ready", sparks)
+        return {spark: "gateway-01 sees it down (L4CON Connection refused), 0 in flight" for spark in sparks
+                if spark in self.down}
+
+
+def _run_gated(fake: FakeRunner, gateways: FakeGateways, hosts: list[str] = HOSTS[:4]) -> rollout.Rollout:
+    return rollout.run(fake, hosts, {"s1", "s2", "s3"}, 1, 2, 60, lambda line: None,  # type: ignore[arg-type]
+                       gateways=gateways)  # type: ignore[arg-type]
+
+
+def test_each_batch_is_drained_before_its_restart_and_ready_after_its_gate() -> None:
+    fake = FakeRunner()
+    plan = _run_gated(fake, FakeGateways(fake.calls))
+    assert fake.calls == ["check s1 s2 s3", "stage s1 s2 s3 s4", "snapshot s1", "drain s1", "deploy s1", "gate s1",
+                          "ready s1", "snapshot s2 s3", "drain s2 s3", "deploy s2 s3", "gate s2 s3", "ready s2 s3",
+                          "snapshot s4", "deploy s4"]  # s4 serves nothing: no gateway routes to it
+    assert plan.failed_batch is None
+
+
+def test_an_unreachable_gateway_stops_the_rollout_before_anything_changes() -> None:
+    fake = FakeRunner()
+    plan = _run_gated(fake, FakeGateways(fake.calls, unreachable="check"))
+    assert fake.calls == ["check s1 s2 s3"]
+    assert plan.failed_batch == -1
+    assert {result.outcome for result in plan.results.values()} == {"skipped"}
+    assert plan.results["s1"].diagnosis == ("not touched: gateway-01: cannot connect over SSH (timed out); a rollout "
+                                            "drains each batch at every gateway first")
+
+
+def test_a_gateway_lost_mid_rollout_stops_it_before_the_next_restart() -> None:
+    fake = FakeRunner()
+    plan = _run_gated(fake, FakeGateways(fake.calls, unreachable="drain s2"))
+    assert fake.calls[-2:] == ["snapshot s2 s3", "drain s2 s3"]  # no deploy of the batch it could not drain
+    assert plan.failed_batch == 1
+    assert _outcomes(plan)["s1"][0] == "updated"
+    assert [_outcomes(plan)[h][0] for h in ("s2", "s3", "s4")] == ["skipped"] * 3
+
+
+def test_a_rolled_back_batch_is_ready_again_and_a_still_sick_host_stays_drained() -> None:
+    fake = FakeRunner(sick=["s2", "s3"], still_sick=["s3"])
+    plan = _run_gated(fake, FakeGateways(fake.calls))
+    assert fake.calls[-6:] == ["drain s2 s3", "deploy s2 s3", "gate s2 s3", "restore s2 s3", "gate s2 s3",
+                               "ready s2"]
+    assert _outcomes(plan)["s2"][0] == "rolled-back"
+    assert _outcomes(plan)["s3"][0] == "rollback-failed"
+    assert _outcomes(plan)["s3"][1].endswith("; kept drained at the gateways (unhealthy)")
+
+
+def test_a_batch_no_gateway_sees_up_stops_the_rollout() -> None:
+    fake = FakeRunner()
+    plan = _run_gated(fake, FakeGateways(fake.calls, down=["s1"]))
+    assert fake.calls[-1] == "ready s1"
+    assert plan.failed_batch == 0
+    assert _outcomes(plan)["s1"] == ("updated", "sparkfleet-vllm healthy: /health ok; gateway-01 sees it down (L4CON "
+                                                "Connection refused), 0 in flight")
+    assert _outcomes(plan)["s2"] == ("skipped", "not touched: batch 1 is not back in service at every gateway")

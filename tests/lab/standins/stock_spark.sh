@@ -1,6 +1,6 @@
 #!/bin/sh
-# Shape a booted lab host like a stock DGX OS Spark, the way its owner's setup left it (run once, as root):
-# - a sudo user `admin` (uid 1000) that SSH reaches with the lab key; root does not log in over SSH;
+# Shape a booted lab host like a stock DGX OS Spark, the way its owner's setup left it (run once, as root, after
+# sudo_user.sh has made the owner's account `admin`):
 # - the NVIDIA Container Toolkit installed the way NVIDIA's install guide does it (keyring dearmored into
 #   /usr/share/keyrings, nvidia-container-toolkit.list, the four packages pinned to one version), then
 #   registered with `nvidia-ctk runtime configure --runtime=docker` and dockerd restarted, as the guide says;
@@ -10,15 +10,6 @@
 set -eu
 
 KEYRING=/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg
-
-# The owner's account: uid 1000, passwordless sudo, the lab key.
-id admin >/dev/null 2>&1 || useradd --uid 1000 --create-home --shell /bin/bash admin
-echo 'admin ALL=(ALL) NOPASSWD:ALL' > /etc/sudoers.d/admin
-chmod 0440 /etc/sudoers.d/admin
-install -d -m 0700 -o admin -g admin /home/admin/.ssh
-install -m 0600 -o admin -g admin /dev/stdin /home/admin/.ssh/authorized_keys
-printf 'PermitRootLogin no\nPasswordAuthentication no\n' > /etc/ssh/sshd_config.d/lab.conf
-systemctl reload ssh
 
 # NVIDIA's install guide, step by step (the lab's stand-in repository instead of nvidia.github.io).
 curl -fsSL "$NVIDIA_BASE/gpgkey" | gpg --dearmor -o "$KEYRING"
