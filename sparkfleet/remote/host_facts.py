@@ -389,7 +389,7 @@ def deploy_state(query: dict[str, Any]) -> dict[str, Callable[[], Any]]:
 # packages only, and a probe runs only when the query has what it reads.
 NEEDS = {"daemon_json": "runtime", "runtime_mode": "runtime_config", "apt_sources": "apt_url",
          "installed": "packages", "image_id": "image", "containers": "image", "weights": "weights_script",
-         "weights_loaded": "manifest", "login_user": "files"}
+         "weights_loaded": "manifest", "login_user": "files", "generations": "model_root"}
 
 
 def gather(query: dict[str, Any]) -> dict[str, Any]:
