@@ -78,14 +78,15 @@ def _fleet() -> Fleet:
     key = id(ctx_state.get())
     if key not in _fleets:
         everyone = list(state.inventory)
-        _fleets[key] = load_inventory(
+        loaded = load_inventory(
             {h.name: h.data.dict() for h in everyone}, {h.name for h in everyone if is_gateway(h)},
             targeted={h.name for h in state.inventory.iter_activated_hosts()},
         )
-        for warning in _fleets[key].warnings:
+        # The weights of every Spark: each source resolved once (the Hub asked before any host is changed). Kept
+        # only when it all resolves: a FleetError here stops every host, the later ones too.
+        _fleets[key] = replace(loaded, sparks=resolve_weights(loaded.sparks))
+        for warning in loaded.warnings:
             logger.warning(f"sparkfleet: {warning}")
-        # The weights of every Spark: each source resolved once (the Hub asked before any host is changed).
-        _fleets[key] = replace(_fleets[key], sparks=resolve_weights(_fleets[key].sparks))
     return _fleets[key]
 
 
