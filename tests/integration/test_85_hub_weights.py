@@ -36,8 +36,9 @@ def commit(lab: fleet.LabState, revision: str) -> str:
 
 def mounted(host: fleet.LabHost) -> str:
     """The generation directory the endpoint's unit mounts."""
-    unit = on_host(host.container, "cat /etc/systemd/system/sparkfleet-vllm.service")
-    return next(word.split(":")[0] for word in unit.split() if word.startswith(f"{ROOT}/"))
+    unit = on_host(host.container, "cat /etc/systemd/system/sparkfleet-vllm.service").split()
+    return next(unit[i + 1].split(":")[0] for i, word in enumerate(unit) if word == "--volume"
+                and unit[i + 1].startswith(f"{ROOT}/"))
 
 
 @pytest.fixture(scope="module")
