@@ -43,7 +43,7 @@ def mounted(host: fleet.LabHost) -> str:
 
 @pytest.fixture(scope="module")
 def hub_hosts(lab: fleet.LabState) -> list[fleet.LabHost]:
-    converge(*HUB_HOSTS)
+    converge(*HUB_HOSTS, "gateways")  # a rollout drains at the gateway, which must route these Sparks
     return [lab.host(name) for name in HUB_HOSTS]
 
 
