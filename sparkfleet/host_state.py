@@ -91,6 +91,11 @@ class HostState:
         return self._get(key)
 
 
+def login_user(found: HostState | None) -> str:
+    """Who pyinfra logs in as (sudo keeps the login user's name), whom private upload directories belong to."""
+    return (found.get("login_user", "") if found else "") or "root"
+
+
 def register(query: StateQuery, preflight: dict[str, Any]) -> None:
     """Say what this host's operations will read (the preflight does, before any operation is queued)."""
     _queries[(id(ctx_state.get()), host.name)] = {**preflight, "state": query.as_dict()}

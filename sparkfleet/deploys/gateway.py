@@ -35,7 +35,7 @@ def install_gateway(gateway: Gateway) -> None:
     found = host_state.current()
     if PACKAGE not in (found.get("installed", {}) if found else {}):
         apt.packages(name="Install HAProxy from the distribution's archive", packages=[PACKAGE], update=True)
-    login = (found.get("login_user", "") if found else "") or "root"
+    login = host_state.login_user(found)
     managed_directory(name=f"Create a private upload directory for secrets, owned by {login} (the SSH user)",
                       path=UPLOADS, user=login, mode="700")
     config = managed_file(

@@ -12,7 +12,7 @@ from pyinfra.operations import server, systemd
 from sparkfleet import secrets
 from sparkfleet.deploys.context import TEMPLATES, activations, restart_triggers, staging_only, will_change
 from sparkfleet.endpoint import ENV_FILE, ETC, UNIT, UNIT_FILE, Endpoint
-from sparkfleet.host_state import current
+from sparkfleet.host_state import current, login_user
 from sparkfleet.operations import image_pulled, managed_directory, managed_file, unit_state
 from sparkfleet.unit import UnitView
 
@@ -25,7 +25,7 @@ def prepare(spark: Endpoint) -> None:
     """What steps 3 and 4 write into, and the image: pulled before the weights, whose Hub download runs in it."""
     found = current()
     managed_directory(name="Create sparkfleet's configuration directory", path=ETC, mode="755")
-    login = (found.get("login_user", "") if found else "") or "root"
+    login = login_user(found)
     managed_directory(name=f"Create a private upload directory for secrets, owned by {login} (the SSH user)",
                       path=UPLOADS, user=login, mode="700")
     restart_triggers[spark.host].append(image_pulled(name=f"Pull {spark.image} now, never on boot",
@@ -72,7 +72,7 @@ def install_service(spark: Endpoint) -> None:
     # Every start counts toward the unit's start limit, which is there to stop crash loops: a deliberate
     # (re)start by the deploy resets the counter first, so a few config changes in an hour never hit it, and a
     # unit that gave up after its start limit starts again on the re-run after a fix.
-    stopped = (found.get("units", {}).get(f"{UNIT}.service", {}).get("active") if found else "") != "active"
+    stopped = (found.unit(f"{UNIT}.service")["active"] if found else "") != "active"
     # Weights staged by an earlier run (rollout's stage phase) count too: the endpoint still runs the old ones.
     loaded = found.get("weights_loaded", "unknown") if found else "unknown"
     earlier = list(activations[spark.host])  # a toolkit change or dockerd restart stopped it: it starts below

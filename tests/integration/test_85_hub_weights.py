@@ -87,7 +87,7 @@ def test_a_failed_rollout_to_a_new_revision_returns_to_the_previous_generation_w
         rollout = subprocess.run(
             [sys.executable, "-m", "sparkfleet", "rollout", INVENTORY, "--json",
              "--limit", ",".join(HUB_HOSTS), "--data", f"model_source=hf://{REPO_ID}@next",
-             "--data", "vllm_image=vllm/vllm-openai:v0.28.0-crash-after-load"],
+             "--data", "vllm_image=vllm/vllm-openai:v0.28.0-crash-cutlass"],
             cwd=REPO, capture_output=True, text=True, timeout=1800)
         plan = json.loads(rollout.stdout)
         assert rollout.returncode == 1 and plan["failed_batch"] == 0, rollout.stderr[-3000:]
