@@ -197,8 +197,8 @@ def test_a_worker_alone_gives_up_after_the_store_timeout(node: Pair) -> None:
      "AssertionError: collective_rpc should not be called on follower node"),
     (["-tp", "2", "--nnodes", "2", "--node-rank", "1", "--headless=yes"], 2,
      "argument --headless: ignored explicit argument 'yes'"),
-    (["-tp", "2", "--nnodes", "2", "--master-addr", "192.0.2.1", "--master-port", "29555"], 1,
-     "torch.distributed.DistNetworkError: The server socket has failed to bind to [192.0.2.1]:29555 (errno: 99"),
+    (["-tp", "2", "--nnodes", "2", "--master-addr", "203.0.113.77", "--master-port", "29555"], 1,
+     "torch.distributed.DistNetworkError: The server socket has failed to bind to [203.0.113.77]:29555 (errno: 99"),
 ])
 def test_rejects_what_vllm_rejects_across_nodes(data_dir: Path, model_dir: Path, flags: list[str], code: int,
                                                  expected: str) -> None:
