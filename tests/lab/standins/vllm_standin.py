@@ -16,7 +16,7 @@ Environment:
   VLLM_STANDIN_CRASH_SECONDS  crash-after-load: seconds it serves before the engine dies (default 10)
   VLLM_STANDIN_BUSY_SECONDS   busy: seconds each request queues behind other clients' long prefills before it
                               runs (default 90, above the health check's 60 s deep-probe timeout)
-  VLLM_STANDIN_HEARTBEAT_SECONDS  multi-node: seconds between heartbeats on the head-worker link (default 1); a
+  VLLM_STANDIN_HEARTBEAT_SECONDS  multi-node: seconds between heartbeats on the head-worker link (default 2); a
                               peer silent for HEARTBEAT_MISSES of them is gone
   VLLM_STANDIN_JOIN_SECONDS   multi-node: how long the head waits for its worker, and a worker for its head
                               (default 600, torch.distributed's store timeout)
@@ -1308,7 +1308,7 @@ GLOO_PAIR = "/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:534"
 
 
 def heartbeat_seconds() -> float:
-    return float(os.environ.get("VLLM_STANDIN_HEARTBEAT_SECONDS", "1"))
+    return float(os.environ.get("VLLM_STANDIN_HEARTBEAT_SECONDS", "2"))
 
 
 def join_seconds() -> float:
