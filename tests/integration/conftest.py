@@ -31,6 +31,10 @@ INVENTORY = "inventory/lab.py"
 DEPLOY_TRACES = (PIN, ETC, LIB, "/var/lib/sparkfleet")
 # The testinfra suite's checks, each of which runs on every host of the inventory.
 VERIFY_CHECKS = frozenset(name for name in vars(test_spark) if name.startswith("test_"))
+# Every host but the pairs' (groups of inventory/lab.py): the pair hosts are in `sparks` too, and only the files
+# about pairs deploy to them, so the others neither wait for a pair nor depend on one.
+STANDALONE = ("lab_amd64", "lab_arm64")
+STANDALONE_FLEET = (*STANDALONE, "gateways")
 
 
 @dataclass
@@ -71,10 +75,15 @@ def pyinfra(*args: str, check: bool = True) -> Run:
     return run
 
 
-def converge(*limit: str) -> Run:
-    """Deploy the inventory's own settings to `limit` (hosts or groups; every host when empty) and require
+def limit(*names: str) -> list[str]:
+    """`--limit` arguments for hosts or groups."""
+    return [arg for name in names for arg in ("--limit", name)]
+
+
+def converge(*names: str) -> Run:
+    """Deploy the inventory's own settings to `names` (hosts or groups; every host when empty) and require
     success. A no-op on a converged host, a few seconds; on a fresh one, a first deploy (minutes)."""
-    return pyinfra("deploy.py", *(arg for name in limit for arg in ("--limit", name)))
+    return pyinfra("deploy.py", *limit(*names))
 
 
 def on_host(container: str, command: str, check: bool = True) -> str:
@@ -89,6 +98,12 @@ def invocations(hosts: list[fleet.LabHost]) -> dict[str, str]:
     """systemd's InvocationID of each endpoint: it changes on every (re)start, and only then."""
     return {h.name: on_host(h.container, "systemctl show sparkfleet-vllm.service -p InvocationID --value").strip()
             for h in hosts}
+
+
+def routed(lab: fleet.LabState) -> list[str]:
+    """The Sparks a gateway routes, in inventory order: each standalone one that serves, then each pair's head (a
+    pair is one endpoint, served by its head; the worker serves no API)."""
+    return [host.name for host in lab.hosts if host.arch == "amd64"] + [head.name for head in lab.pairs[::2]]
 
 
 def fresh(*names: str) -> fleet.LabState:
@@ -122,7 +137,8 @@ def verify(report: Path, *hosts: str) -> dict[str, dict[str, str]]:
 
 @pytest.fixture(scope="session")
 def lab_up() -> None:
-    """The default lab (3 amd64 + 1 arm64 host), brought up once for the whole session."""
+    """The default lab (3 amd64 + 1 arm64 standalone host, a pair, a gateway), brought up once for the whole
+    session."""
     fleet.up()
 
 
@@ -142,5 +158,6 @@ def amd64(lab: fleet.LabState) -> list[fleet.LabHost]:
 
 @pytest.fixture(scope="module")
 def converged(lab: fleet.LabState) -> Run:
-    """Every host deployed with the inventory's own settings, whatever other files did before this one."""
-    return converge()
+    """Every host but the pairs' deployed with the inventory's own settings, whatever other files did before this
+    one."""
+    return converge(*STANDALONE_FLEET)

@@ -1,5 +1,5 @@
 """The product on the lab: a first deploy converges stock Sparks, the verify suite passes, and a converged fleet
-stays untouched."""
+stays untouched. The standalone Sparks: test_90_pairs does the same for a pair."""
 
 from __future__ import annotations
 
@@ -10,7 +10,18 @@ from pathlib import Path
 import pytest
 
 from sparkfleet.endpoint import UNIT
-from tests.integration.conftest import INVENTORY, PYINFRA, VERIFY_CHECKS, Run, fresh, invocations, pyinfra, verify
+from tests.integration.conftest import (
+    INVENTORY,
+    PYINFRA,
+    STANDALONE,
+    VERIFY_CHECKS,
+    Run,
+    converge,
+    fresh,
+    invocations,
+    limit,
+    verify,
+)
 from tests.lab import REPO, fleet
 
 SKIPPED_WHEN_EMULATED = "deployed with vllm_start=false"
@@ -28,7 +39,7 @@ def stock_hosts(lab: fleet.LabState) -> list[fleet.LabHost]:
 
 @pytest.fixture(scope="module")
 def first_deploy(stock_hosts: list[fleet.LabHost]) -> Run:
-    return pyinfra("deploy.py")
+    return converge(*STANDALONE)
 
 
 def test_first_deploy_converges(first_deploy: Run, stock_hosts: list[fleet.LabHost]) -> None:
@@ -37,7 +48,7 @@ def test_first_deploy_converges(first_deploy: Run, stock_hosts: list[fleet.LabHo
 
 
 def test_verify_suite_passes(first_deploy: Run, stock_hosts: list[fleet.LabHost], tmp_path: Path) -> None:
-    outcomes = verify(tmp_path / "verify.xml")
+    outcomes = verify(tmp_path / "verify.xml", *(host.name for host in stock_hosts))
     assert sorted(outcomes) == sorted(host.name for host in stock_hosts)
     for host in stock_hosts:
         results = outcomes[host.name]
@@ -54,7 +65,7 @@ def test_verify_suite_passes(first_deploy: Run, stock_hosts: list[fleet.LabHost]
 
 def test_second_run_changes_nothing_and_restarts_nothing(first_deploy: Run, stock_hosts: list[fleet.LabHost]) -> None:
     before = invocations(stock_hosts)
-    again = pyinfra("deploy.py")
+    again = converge(*STANDALONE)
     assert again.changed == 0, again.output[-4000:]
     assert invocations(stock_hosts) == before
 
@@ -67,6 +78,7 @@ def planned_changes(output: str) -> list[str]:
 
 def test_dry_run_plans_nothing(first_deploy: Run) -> None:
     # Without -y, pyinfra detects changes and prints them; --dry then stops before executing anything.
-    result = subprocess.run([PYINFRA, INVENTORY, "--dry", "deploy.py"], cwd=REPO, capture_output=True, text=True)
+    result = subprocess.run([PYINFRA, INVENTORY, "--dry", "deploy.py", *limit(*STANDALONE)], cwd=REPO,
+                            capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
     assert planned_changes(result.stdout + result.stderr) == []

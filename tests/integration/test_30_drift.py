@@ -6,12 +6,17 @@ import json
 
 import pytest
 
-from tests.integration.conftest import Run, converge, invocations, on_host, pyinfra
+from tests.integration.conftest import STANDALONE_FLEET, Run, converge, invocations, limit, on_host, pyinfra
 from tests.lab import LAB_DIR, fleet
 
 HOST = "spark-02"
 WEIGHTS = "/var/lib/sparkfleet/models/nvidia--Qwen3.6-35B-A3B-NVFP4"
 UNIT = "/etc/systemd/system/sparkfleet-vllm.service"
+
+
+def deploy(*args: str) -> Run:
+    """A deploy to the fleet `converged` made (a pair's hosts are test_90's)."""
+    return pyinfra(*args, "deploy.py", *limit(*STANDALONE_FLEET))
 
 
 @pytest.fixture
@@ -33,7 +38,7 @@ def test_removed_runtime_is_restored_and_foreign_keys_survive(spark02: fleet.Lab
     del daemon["runtimes"]
     daemon["log-level"] = "warn"
     on_host(spark02.container, f"echo '{json.dumps(daemon)}' > /etc/docker/daemon.json")
-    run = pyinfra("deploy.py")
+    run = deploy()
     assert run.changed >= 2  # daemon.json written, dockerd reloaded
     repaired = json.loads(on_host(spark02.container, "cat /etc/docker/daemon.json"))
     assert repaired["runtimes"]["nvidia"]["path"] == "nvidia-container-runtime"
@@ -48,7 +53,7 @@ def test_deleted_and_truncated_shards_are_repaired(spark02: fleet.LabHost) -> No
                                    f"truncate -s 1000 {WEIGHTS}/model-00003-of-00004.safetensors")
         assert not _weights_ok(spark02.container)
     finally:
-        pyinfra("deploy.py")  # the repair under test
+        deploy()  # the repair under test
     assert _weights_ok(spark02.container)
 
 
@@ -57,11 +62,11 @@ def test_same_size_corruption_needs_full_verify(spark02: fleet.LabHost) -> None:
     try:
         on_host(spark02.container, f"t=$(stat -c %y {shard}); printf XXXX | dd of={shard} bs=1 seek=4096 "
                                    f"conv=notrunc 2>/dev/null; touch -d \"$t\" {shard}")
-        assert pyinfra("deploy.py").changed == 0  # fast verify trusts sizes and mtimes, by design
+        assert deploy().changed == 0  # fast verify trusts sizes and mtimes, by design
         assert not _weights_ok(spark02.container)
     finally:
         # The repair under test, and the cleanup: later deploys' fast verify would never notice this shard.
-        repaired = pyinfra("--data", "weights_verify=full", "deploy.py")
+        repaired = deploy("--data", "weights_verify=full")
     assert repaired.changed >= 1
     assert _weights_ok(spark02.container)
 
@@ -72,7 +77,7 @@ def test_edited_unit_and_stopped_timer_are_restored(spark02: fleet.LabHost) -> N
         on_host(spark02.container, f"sed -i 's/--max-num-seqs 4/--max-num-seqs 64/' {UNIT} && "
                                    "systemctl daemon-reload && systemctl stop sparkfleet-health.timer")
     finally:
-        pyinfra("deploy.py")  # the repair under test
+        deploy()  # the repair under test
     assert on_host(spark02.container, f"cat {UNIT}") == original
     assert on_host(spark02.container, "systemctl is-active sparkfleet-health.timer").strip() == "active"
 
@@ -82,7 +87,7 @@ def test_one_flag_for_one_host_restarts_only_that_host(lab: fleet.LabState, spar
     before = invocations(lab.hosts)
     overrides.write_text(json.dumps({HOST: {"vllm_args": {"max-num-seqs": 2}}}))
     try:
-        pyinfra("deploy.py")
+        deploy()
         after = invocations(lab.hosts)
         assert after[HOST] != before[HOST]
         assert {k: v for k, v in after.items() if k != HOST} == {k: v for k, v in before.items() if k != HOST}
@@ -90,4 +95,4 @@ def test_one_flag_for_one_host_restarts_only_that_host(lab: fleet.LabState, spar
     finally:
         overrides.unlink(missing_ok=True)
         converge(HOST)  # the inventory's own flags again
-    assert pyinfra("deploy.py").changed == 0
+    assert deploy().changed == 0

@@ -1,5 +1,6 @@
 """`sparkfleet status` and `sparkfleet drift` on the lab: every host shown (the gateway with its view of each
-Spark), a converged fleet reads clean, an injected drift is named by host and item until a deploy repairs it."""
+Spark), a converged fleet reads clean, an injected drift is named by host and item until a deploy repairs it. The
+fleet `converged` deploys, every host but the pairs' (test_90_pairs reads a pair's status and drift)."""
 
 from __future__ import annotations
 
@@ -12,12 +13,13 @@ import time
 
 import pytest
 
-from tests.integration.conftest import INVENTORY, Run, converge, on_host
+from tests.integration.conftest import INVENTORY, STANDALONE_FLEET, Run, converge, on_host, routed
 from tests.lab import LAB_DIR, REPO, fleet
 
 DAEMON_JSON = "/etc/docker/daemon.json"
 RUNTIME_OP = "Register the nvidia runtime in daemon.json, keeping every other key"
 SETTLE_SECONDS = 300  # a dockerd restart stops the endpoint: systemd restarts it after 30 s, then it loads
+FLEET = ("--limit", ",".join(STANDALONE_FLEET))
 
 
 def sparkfleet(*args: str) -> subprocess.CompletedProcess[str]:
@@ -29,7 +31,7 @@ def drift_settles(expected: int) -> subprocess.CompletedProcess[str]:
     """Run drift until it gives `expected` (an endpoint restarted by a repair reads unhealthy until it loads)."""
     deadline = time.monotonic() + SETTLE_SECONDS
     while True:
-        result = sparkfleet("drift")
+        result = sparkfleet("drift", *FLEET)
         if result.returncode == expected or time.monotonic() > deadline:
             return result
         time.sleep(10)
@@ -50,18 +52,18 @@ def _complete(host: fleet.LabHost, served_name: str) -> None:
 
 
 def test_status_shows_every_host(lab: fleet.LabState, converged: Run) -> None:
-    first = sparkfleet("status", "--json")
+    first = sparkfleet("status", "--json", *FLEET)
     served = {row["host"]: row.get("served_name") for row in json.loads(first.stdout)}
     for host in lab.hosts:
         if host.arch == "amd64":
             _complete(host, served[host.name])
-    result = sparkfleet("status", "--json")
+    result = sparkfleet("status", "--json", *FLEET)
     assert result.returncode == 0, result.stdout + result.stderr
     rows = {row["host"]: row for row in json.loads(result.stdout)}
     assert sorted(rows) == sorted(h.name for h in [*lab.hosts, *lab.gateways])
     for gateway in lab.gateways:  # it routes the Sparks that serve, and reads as a gateway, not an endpoint
         assert rows[gateway.name]["error"] is None
-        assert sorted(rows[gateway.name]["gateway"]) == sorted(h.name for h in lab.hosts if h.arch == "amd64")
+        assert sorted(rows[gateway.name]["gateway"]) == sorted(routed(lab))
     for host in lab.hosts:
         row = rows[host.name]
         assert row["error"] is None and row["served_name"] == "nvidia/Qwen3.6-35B-A3B-NVFP4", row
@@ -77,7 +79,7 @@ def test_status_shows_every_host(lab: fleet.LabState, converged: Run) -> None:
             assert (row["state"], row["uptime_seconds"], row["image"], row["metrics"]) == ("inactive", None, None,
                                                                                           False), row
             assert row["requests_running"] is row["kv_cache_usage"] is row["mtp_acceptance"] is None
-    table = sparkfleet("status")
+    table = sparkfleet("status", *FLEET)
     assert table.returncode == 0, table.stderr
     assert all(host.name in table.stdout for host in lab.hosts)
     assert table.stdout.count("active/running") == sum(h.arch == "amd64" for h in lab.hosts)
@@ -96,7 +98,7 @@ def test_drift_names_a_removed_runtime_until_a_deploy_restores_it(lab: fleet.Lab
     del daemon["runtimes"]["nvidia"]
     try:
         on_host(spark01.container, f"echo {shlex.quote(json.dumps(daemon, indent=4))} > {DAEMON_JSON}")
-        result = sparkfleet("drift")
+        result = sparkfleet("drift", *FLEET)
         assert result.returncode == 2, result.stdout + result.stderr
         assert result.stdout.splitlines() == [f"spark-01: would change: {RUNTIME_OP}"]
         report = json.loads(sparkfleet("drift", "--json", "--limit", "spark-01").stdout)

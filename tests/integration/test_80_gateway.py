@@ -1,5 +1,6 @@
-"""The fleet's gateway on the lab: HAProxy from Debian's archive in front of every serving Spark, converged and
-repaired like a Spark, and drained by rollouts so that a restart is never a client's problem."""
+"""The fleet's gateway on the lab: HAProxy from Debian's archive in front of every serving Spark (a pair's head
+among them), converged and repaired like a Spark, and drained by rollouts so that a restart is never a client's
+problem."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import pytest
 
 from sparkfleet.gateway import SHOW, ServerView, answers, api_command, parse_views
 from sparkfleet.runner import Reply
-from tests.integration.conftest import Run, converge, fresh, invocations, on_host, pyinfra
+from tests.integration.conftest import Run, converge, fresh, invocations, on_host, pyinfra, routed
 from tests.lab import LAB_DIR, REPO, fleet
 
 GATEWAY = "gateway-01"
@@ -29,9 +30,16 @@ UNIT = "/etc/systemd/system/sparkfleet-vllm.service"
 
 @pytest.fixture(scope="module")
 def serving(amd64: list[fleet.LabHost]) -> list[fleet.LabHost]:
-    """The amd64 Sparks, converged and serving: what the gateway routes."""
-    converge("lab_amd64")
+    """The standalone amd64 Sparks, converged and serving (what the rollouts here restart), and the pair, whose
+    head the gateway routes too."""
+    converge("lab_amd64", "lab_pair")
     return amd64
+
+
+@pytest.fixture(scope="module")
+def every_endpoint(serving: list[fleet.LabHost], lab: fleet.LabState) -> list[fleet.LabHost]:
+    """What the gateway routes: each serving Spark and each pair's head."""
+    return [lab.host(name) for name in routed(lab)]
 
 
 @pytest.fixture(scope="module")
@@ -106,11 +114,12 @@ def test_haproxy_is_installed_from_debians_archive(first_deploy: Run, gateway: f
     assert on_host(gateway.container, "systemctl is-active haproxy").strip() == "active"
 
 
-def test_config_routes_every_serving_spark_and_passes_haproxy_c(gateway: fleet.LabHost, serving: list[fleet.LabHost],
-                                                               lab: fleet.LabState) -> None:
+def test_config_routes_every_serving_spark_and_passes_haproxy_c(gateway: fleet.LabHost,
+                                                               every_endpoint: list[fleet.LabHost]) -> None:
     config = on_host(gateway.container, f"cat {CONFIG}")
     servers = [line.split()[1:3] for line in config.splitlines() if line.strip().startswith("server ")]
-    assert servers == [[host.name, f"{host.address}:8000"] for host in serving]  # not the arm64 host: it serves nothing
+    # Not the arm64 host, nor a pair's worker: they serve nothing.
+    assert servers == [[host.name, f"{host.address}:8000"] for host in every_endpoint]
     assert on_host(gateway.container, f"haproxy -c -f {CONFIG}").strip() == "Configuration file is valid"
     # It holds the API key (its health checks send it): root and haproxy only, and in no process's argv.
     assert on_host(gateway.container, f"stat -c '%a %U %G' {CONFIG}").strip() == "640 root haproxy"
@@ -169,12 +178,14 @@ def test_a_hand_edit_is_repaired_with_a_reload(gateway: fleet.LabHost) -> None:
     assert on_host(gateway.container, "systemctl show -p NRestarts --value haproxy").strip() == "0"
 
 
-def test_status_shows_the_gateways_view_of_each_spark(gateway: fleet.LabHost, serving: list[fleet.LabHost]) -> None:
-    all_up(gateway, [host.name for host in serving])
+def test_status_shows_the_gateways_view_of_each_spark(gateway: fleet.LabHost,
+                                                       every_endpoint: list[fleet.LabHost]) -> None:
+    all_up(gateway, [host.name for host in every_endpoint])
     result = sparkfleet("status", "--limit", "gateways", "--json")
     assert result.returncode == 0, result.stderr
     [answer] = json.loads(result.stdout)
-    assert {name: view["state"] for name, view in answer["gateway"].items()} == {h.name: "up" for h in serving}
+    assert {name: view["state"] for name, view in answer["gateway"].items()} == {
+        h.name: "up" for h in every_endpoint}
 
 
 def test_a_rollout_drains_each_spark_before_its_restart(gateway: fleet.LabHost, serving: list[fleet.LabHost]) -> None:

@@ -20,15 +20,16 @@ def _status() -> int:
         console.print("lab: not up (no state file); run `python -m tests.lab up`")
         return 1
     table = tables.table(console, "sparkfleet lab")
-    for column in ("host", "arch", "ssh", "container", "systemd", "docker"):
+    for column in ("host", "arch", "ssh", "fabric", "container", "systemd", "docker"):
         table.add_column(column)
-    for host in [*state.hosts, *state.gateways]:
+    for host in state.every:
         status = fleet._container_state(host.container)
         systemd = docker = "-"
         if status and status[0] == "running":
             systemd = _exec(host.container, "systemctl", "is-system-running")
             docker = _exec(host.container, "docker", "info", "-f", "{{.ServerVersion}}")
-        table.add_row(host.name, host.arch, f"127.0.0.1:{host.ssh_port}", status[0] if status else "missing",
+        fabric = f"{state.fabric_interface} {host.fabric_address}" if host.fabric_address else "-"
+        table.add_row(host.name, host.arch, f"127.0.0.1:{host.ssh_port}", fabric, status[0] if status else "missing",
                       systemd, docker)
     console.print(table)
     console.print(f"registry: 127.0.0.1:{state.registry_port}  model mirror: {state.model_mirror_url}")
@@ -44,7 +45,7 @@ def _exec(container: str, *command: str) -> str:
 
 def _demo(args: argparse.Namespace) -> int:
     """Bring the lab up and run the real deploy against it, as a user would against their Sparks."""
-    fleet.up(args.hosts, args.arm64, gateways=args.gateways)
+    fleet.up(args.hosts, args.arm64, gateways=args.gateways, pairs=args.pairs)
     pyinfra = os.path.join(os.path.dirname(sys.executable), "pyinfra")
     return subprocess.run([pyinfra, "-y", "inventory/lab.py", "deploy.py"], cwd=REPO).returncode
 
@@ -58,11 +59,12 @@ def main() -> int:
         command.add_argument("--hosts", type=int, default=3, help="amd64 hosts (default 3)")
         command.add_argument("--arm64", type=int, default=1, help="emulated arm64 hosts (default 1)")
         command.add_argument("--gateways", type=int, default=1, help="gateway hosts (default 1)")
+        command.add_argument("--pairs", type=int, default=1, help="pairs of amd64 hosts on the fabric (default 1)")
     commands.add_parser("down", help="remove everything the lab started")
     commands.add_parser("status", help="table of hosts, addresses and states")
     args = parser.parse_args()
     if args.command == "up":
-        fleet.up(args.hosts, args.arm64, gateways=args.gateways)
+        fleet.up(args.hosts, args.arm64, gateways=args.gateways, pairs=args.pairs)
         return _status()
     if args.command == "demo":
         return _demo(args)

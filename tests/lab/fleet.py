@@ -1,8 +1,10 @@
-"""Start, stop and describe the lab: a network, a services container and the simulated Sparks."""
+"""Start, stop and describe the lab: a network, a services container, the simulated Sparks, and a second network
+(the fabric) that links the two hosts of each pair the way a Spark's ConnectX-7 port links two Sparks."""
 
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 import os
 import secrets
@@ -34,6 +36,12 @@ HUB_MANIFEST = WWW / "hub" / "repos.json"
 HUB_GATED_REPO = "lab/gated-model"
 HUB_TOKEN = "hf_lab_gated_token"
 HF_TOKEN_FILE = LAB_DIR / "secrets" / "hf_token"
+# The pairs' fabric: fixed addresses (a pair's master_addr is its head's), and inside each host the interface
+# named as a Spark names its first ConnectX-7 port, so NCCL_SOCKET_IFNAME and friends name what a Spark has.
+FABRIC = f"{PREFIX}fabric"
+FABRIC_SUBNET = ipaddress.ip_network("192.168.100.0/24")
+FABRIC_INTERFACE = "enp1s0f0np0"
+FIRST_FABRIC_HOST = 10  # pair-01 is 192.168.100.10, pair-02 .11, ...
 
 
 # The toolkit version a stock Spark ships with (DGX OS 7, 2026), preinstalled from NVIDIA's repository.
@@ -41,15 +49,17 @@ STOCK_TOOLKIT = "1.19.0-1"
 STANDINS = Path(__file__).parent / "standins"
 # The scripts that shape a new host of each profile, run in order (blank hosts are left as the image made them).
 PROFILE_SCRIPTS = {"stock": (STANDINS / "sudo_user.sh", STANDINS / "stock_spark.sh"),
+                   "pair": (STANDINS / "sudo_user.sh", STANDINS / "stock_spark.sh"),
                    "gateway": (STANDINS / "sudo_user.sh", STANDINS / "gateway_host.sh")}
 OWNER_IMAGE = "lab/owner-webui:1"  # in the lab registry: a container sparkfleet does not own
 
 
 @dataclass
 class LabHost:
-    """One lab host. `stock`: a simulated Spark shaped like a DGX OS Spark, reached as `admin` with sudo; `blank`:
-    a bare Debian host reached as root (the from-scratch path); `gateway`: a plain Debian server for the fleet's
-    gateway (no GPU stand-in in use), reached as `admin` with sudo, with Debian's archive as its apt source."""
+    """One lab host. `stock`: a simulated Spark shaped like a DGX OS Spark, reached as `admin` with sudo; `pair`:
+    a stock Spark cabled to another one (an address on the fabric); `blank`: a bare Debian host reached as root
+    (the from-scratch path); `gateway`: a plain Debian server for the fleet's gateway (no GPU stand-in in use),
+    reached as `admin` with sudo, with Debian's archive as its apt source."""
 
     name: str
     arch: str
@@ -57,6 +67,7 @@ class LabHost:
     ssh_port: int
     profile: str = "stock"
     address: str = ""  # on the lab network, where its endpoint listens (host network in the host); "" in old state
+    fabric_address: str = ""  # a pair host's address on the fabric, on FABRIC_INTERFACE inside the host
 
     @property
     def user(self) -> str:
@@ -78,7 +89,9 @@ class LabHost:
 class LabState:
     """What `up` started, as inventory/lab.py and the tests read it."""
 
-    hosts: list[LabHost] = field(default_factory=list)  # the simulated Sparks
+    hosts: list[LabHost] = field(default_factory=list)  # the standalone simulated Sparks
+    pairs: list[LabHost] = field(default_factory=list)  # Sparks cabled in twos, head first (pair-01 and pair-02, ...)
+    fabric_interface: str = FABRIC_INTERFACE
     gateways: list[LabHost] = field(default_factory=list)  # the fleet's gateway hosts (group `gateways`)
     ssh_key: str = str(SSH_KEY)
     registry_port: int = 0
@@ -99,11 +112,15 @@ class LabState:
 
     def host(self, name: str) -> LabHost:
         """The host called `name`: tests name the host they change."""
-        for host in [*self.hosts, *self.gateways]:
+        for host in self.every:
             if host.name == name:
                 return host
-        names = ", ".join(h.name for h in [*self.hosts, *self.gateways])
+        names = ", ".join(h.name for h in self.every)
         raise LookupError(f"the lab has no host {name} (it has {names})")
+
+    @property
+    def every(self) -> list[LabHost]:
+        return [*self.hosts, *self.pairs, *self.gateways]
 
     def save(self) -> None:
         STATE_FILE.parent.mkdir(parents=True, exist_ok=True)
@@ -115,6 +132,7 @@ class LabState:
             return None
         data = json.loads(STATE_FILE.read_text())
         data["hosts"] = [LabHost(**host) for host in data["hosts"]]
+        data["pairs"] = [LabHost(**host) for host in data.get("pairs", [])]
         data["gateways"] = [LabHost(**host) for host in data.get("gateways", [])]
         return cls(**data)
 
@@ -324,6 +342,8 @@ def _meminfo(host: LabHost) -> Path:
 def _provisioning(host: LabHost) -> str:
     """What a host's profile is made from, for its container's config hash."""
     scripts = [path.read_text() for path in PROFILE_SCRIPTS.get(host.profile, ())]
+    if host.profile == "pair":
+        return json.dumps([host.profile, host.stock_settings(), scripts, host.fabric_address])
     if host.profile != "stock":
         return json.dumps([host.profile, scripts]) if scripts else host.profile
     return json.dumps([host.stock_settings(), scripts])
@@ -347,6 +367,21 @@ def _start_host(host: LabHost, image: str) -> None:
     )
     host.ssh_port = _published_port(host.container, 22)
     host.address = _address(host.container)
+    if host.fabric_address:
+        _join_fabric(host)
+
+
+def _join_fabric(host: LabHost) -> None:
+    """Cable a pair host: the fabric at its fixed address, the interface renamed as on a Spark. Docker names it
+    ethN again whenever the container starts, so every `up` checks."""
+    networks = run(["docker", "inspect", "-f", "{{json .NetworkSettings.Networks}}", host.container], quiet=True)
+    if FABRIC not in json.loads(networks.stdout):
+        run(["docker", "network", "connect", "--ip", host.fabric_address, FABRIC, host.container], quiet=True)
+    rename = (f"dev=$(ip -o -4 addr show to {host.fabric_address}/32 | awk '{{print $2}}'); "
+              f'[ -n "$dev" ] || {{ echo "no interface holds {host.fabric_address}" >&2; exit 1; }}; '
+              f'[ "$dev" = {FABRIC_INTERFACE} ] || {{ ip link set dev "$dev" down && '
+              f'ip link set dev "$dev" name {FABRIC_INTERFACE} && ip link set dev {FABRIC_INTERFACE} up; }}')
+    run(["docker", "exec", host.container, "sh", "-c", rename], quiet=True)
 
 
 def _wait_ready(host: LabHost) -> None:
@@ -369,7 +404,7 @@ def _provision(host: LabHost) -> None:
     if host.profile not in PROFILE_SCRIPTS or subprocess.run(
             ["docker", "exec", host.container, "test", "-f", "/var/lib/sparkfleet-lab/profile"]).returncode == 0:
         return
-    log(f"shaping {host.name} like {'a stock DGX OS Spark' if host.profile == 'stock' else 'a gateway server'}")
+    log(f"shaping {host.name} like {'a gateway server' if host.profile == 'gateway' else 'a stock DGX OS Spark'}")
     env = {**host.stock_settings(), "NVIDIA_BASE": "http://nvidia.lab/libnvidia-container"}
     script = "\n".join(path.read_text() for path in PROFILE_SCRIPTS[host.profile])
     run(["docker", "exec", "-i", *(f"--env={key}={value}" for key, value in env.items()), host.container,
@@ -388,25 +423,36 @@ def plan_hosts(amd64: int, arm64: int, blank: int = 0) -> list[LabHost]:
     return hosts
 
 
+def plan_pairs(count: int) -> list[LabHost]:
+    """`count` pairs of stock-shaped amd64 Sparks, head then worker, each with its fixed fabric address."""
+    return [
+        LabHost(f"pair-{i:02d}", "amd64", f"{PREFIX}pair-{i:02d}", 0, "pair",
+                fabric_address=str(FABRIC_SUBNET.network_address + FIRST_FABRIC_HOST + i - 1))
+        for i in range(1, 2 * count + 1)
+    ]
+
+
 def plan_gateways(count: int) -> list[LabHost]:
     return [LabHost(f"gateway-{i:02d}", "amd64", f"{PREFIX}gateway-{i:02d}", 0, "gateway") for i in range(1, count + 1)]
 
 
 def up(amd64: int = 3, arm64: int = 1, vllm_tags: list[str] | None = None, blank: int = 0,
-       gateways: int = 1) -> LabState:
+       gateways: int = 1, pairs: int = 1) -> LabState:
     """Bring the lab to the wanted shape; reuses images, containers and generated data that exist.
 
-    The default fleet is stock-shaped Sparks and one gateway host; `blank` adds bare Debian hosts for the
-    from-scratch path.
+    The default fleet is stock-shaped Sparks, one pair of them cabled by the fabric, and one gateway host; `blank`
+    adds bare Debian hosts for the from-scratch path. Pair hosts run the standalone hosts' image.
     """
     require_tools(arm64 > 0)
     _ssh_key()
-    state = LabState(hosts=plan_hosts(amd64, arm64, blank), gateways=plan_gateways(gateways),
-                     vllm_tags=vllm_tags or default_vllm_tags())
+    state = LabState(hosts=plan_hosts(amd64, arm64, blank), pairs=plan_pairs(pairs),
+                     gateways=plan_gateways(gateways), vllm_tags=vllm_tags or default_vllm_tags())
     state.nvidia_key_fingerprint = _prepare_www()
     _api_key()
     if subprocess.run(["docker", "network", "inspect", NETWORK], capture_output=True).returncode != 0:
         run(["docker", "network", "create", "--label", LABEL, NETWORK], quiet=True)
+    if state.pairs and subprocess.run(["docker", "network", "inspect", FABRIC], capture_output=True).returncode != 0:
+        run(["docker", "network", "create", "--label", LABEL, "--subnet", str(FABRIC_SUBNET), FABRIC], quiet=True)
     # Two build lanes: emulated arm64 builds are slow and CPU-bound, so they overlap the amd64 ones.
     with ThreadPoolExecutor(max_workers=2) as pool:
         foreign = {arch: pool.submit(images.build, images.host_spec(arch))
@@ -414,7 +460,7 @@ def up(amd64: int = 3, arm64: int = 1, vllm_tags: list[str] | None = None, blank
         _start_services(state, images.build(images.vllm_spec()))
         host_images = {"amd64": images.build(images.host_spec("amd64"))}
         host_images |= {arch: future.result() for arch, future in foreign.items()}
-    every = [*state.hosts, *state.gateways]
+    every = state.every
     for host in every:
         _start_host(host, host_images[host.arch])
     _remove_unplanned(state)
@@ -430,12 +476,13 @@ def reset(names: list[str]) -> LabState:
     """Give these hosts back as new (a fresh container and Docker volume), the rest of the lab untouched."""
     current = LabState.load()
     assert current is not None, "the lab is not up"
-    for host in [*current.hosts, *current.gateways]:
+    for host in current.every:
         if host.name in names:
             _remove(host.container)
     counts = {profile: [h for h in current.hosts if h.profile == profile] for profile in ("stock", "blank")}
     arm64 = sum(h.arch == "arm64" for h in counts["stock"])
-    return up(len(counts["stock"]) - arm64, arm64, current.vllm_tags, len(counts["blank"]), len(current.gateways))
+    return up(len(counts["stock"]) - arm64, arm64, current.vllm_tags, len(counts["blank"]), len(current.gateways),
+              len(current.pairs) // 2)
 
 
 def _remove(container: str) -> None:
@@ -450,7 +497,7 @@ def _lab_containers() -> list[str]:
 
 def _remove_unplanned(state: LabState) -> None:
     """A lab resized to fewer hosts drops the extra ones, so the inventory matches what runs."""
-    planned = {host.container for host in [*state.hosts, *state.gateways]} | {SERVICES}
+    planned = {host.container for host in state.every} | {SERVICES}
     for name in _lab_containers():
         if name not in planned:
             _remove(name)
@@ -460,7 +507,8 @@ def down() -> None:
     """Remove every container, volume and network the lab started, and nothing else."""
     for name in _lab_containers():
         _remove(name)
-    run(["docker", "network", "rm", NETWORK], quiet=True, check=False)
+    for network in (NETWORK, FABRIC):
+        run(["docker", "network", "rm", network], quiet=True, check=False)
     STATE_FILE.unlink(missing_ok=True)
 
 

@@ -16,6 +16,11 @@ Environment:
   VLLM_STANDIN_CRASH_SECONDS  crash-after-load: seconds it serves before the engine dies (default 10)
   VLLM_STANDIN_BUSY_SECONDS   busy: seconds each request queues behind other clients' long prefills before it
                               runs (default 90, above the health check's 60 s deep-probe timeout)
+  VLLM_STANDIN_HEARTBEAT_SECONDS  multi-node: seconds between heartbeats on the head-worker link (default 2); a
+                              peer silent for HEARTBEAT_MISSES of them is gone
+  VLLM_STANDIN_JOIN_SECONDS   multi-node: how long the head waits for its worker, and a worker for its head
+                              (default 600, torch.distributed's store timeout)
+  VLLM_LOGGING_LEVEL          DEBUG prints the head's periodic "Waiting for ... core engine proc(s)" line
 
 Failure modes: crash-cutlass dies at CUDA-graph capture (GB10 FP8, vllm #40758); crash-after-load loads and
 answers like ok, then its engine dies mid-serving and the process exits 1 (a crash loop under Restart=); hang
@@ -27,6 +32,14 @@ Serving follows the flags the way seed 004 measured on a Spark: with `--moe-back
 fp8` and `--attention-backend flashinfer` all set, MTP draft acceptance is 78-89 % and decode keeps its pace under
 concurrency; without any of them, 46-65 % and slower as sequences are added. A reply is the natural sentence,
 cut at max_tokens; with `ignore_eos` (as `vllm bench` sends it) it runs on to max_tokens.
+
+Across nodes without Ray (`--nnodes 2 --node-rank R --master-addr A --master-port P`, `--headless` on the worker,
+vLLM PR #23691): the head (node rank 0) listens on A:P where torch.distributed's store would, and its engine waits
+there for the worker before loading; its API port refuses connections until both nodes have loaded. The worker
+serves no HTTP, retries the head while it is not up (torch's c10d warnings), and loads once joined. One TCP
+connection with heartbeats stands in for the store and the gloo pairs: when the worker goes away the head's engine
+dies with the gloo error that names the peer, then EngineDeadError, and the process exits 1; when the head goes
+away the worker logs c10d's recvValue failure and exits 1.
 """
 
 from __future__ import annotations
@@ -82,7 +95,12 @@ INT_FLAGS = (
     "--pipeline-parallel-size",
     "--data-parallel-size",
     "--seed",
+    "--nnodes",
+    "--node-rank",
+    "--master-port",
 )
+# `vllm serve`'s own store_true flags: no value and no --no- form (the EngineArgs booleans are in BOOL_FLAGS_FILE).
+STORE_TRUE_FLAGS = frozenset({"--headless"})
 
 UNIFIED_MEMORY_BYTES = 128 * 2**30  # one GB10: CPU and GPU share it
 RESERVED_BYTES = 4 * 2**30  # activations and CUDA graphs, taken before the KV cache
@@ -226,6 +244,30 @@ TRACES = """
     outputs = await engine_core.get_output_async()
   File "$S/vllm/v1/engine/core_client.py", line 846, in get_output_async
     raise self._format_exception(outputs) from None
+[parallel]
+  File "$S/vllm/engine/arg_utils.py", line 1544, in create_engine_config
+    parallel_config = ParallelConfig(
+  File "$S/vllm/config/parallel.py", line 574, in __post_init__
+    assert world_size % self.nnodes == 0, (
+[store]
+  File "$S/vllm/v1/worker/gpu_worker.py", line 235, in init_device
+    init_worker_distributed_environment(self.vllm_config, self.rank, self.distributed_init_method)
+  File "$S/vllm/distributed/parallel_state.py", line 1248, in init_distributed_environment
+    torch.distributed.init_process_group(
+  File "$S/torch/distributed/rendezvous.py", line 189, in _create_c10d_store
+    return TCPStore(
+[gloo]
+  File "$S/vllm/v1/executor/multiproc_executor.py", line 812, in worker_busy_loop
+    output = func(*args, **kwargs)
+  File "$S/vllm/distributed/parallel_state.py", line 530, in broadcast_object
+    torch.distributed.broadcast_object_list(recv, src=self.ranks[src], group=self.cpu_group)
+  File "$S/torch/distributed/distributed_c10d.py", line 2827, in broadcast
+    work.wait()
+[rpc]
+  File "$S/vllm/v1/executor/multiproc_executor.py", line 312, in collective_rpc
+    result = get_response(w, dequeue_timeout)
+  File "$S/vllm/v1/executor/multiproc_executor.py", line 296, in get_response
+    raise RuntimeError(
 [startup]
   File "$S/vllm/v1/engine/core_client.py", line 470, in __init__
     with launch_core_engines(vllm_config, executor_class, log_stats) as (engine_manager, coordinator):
@@ -285,9 +327,11 @@ class ApiError(Exception):
 
 
 def log(msg: str, where: str = "api_server.py:1", proc: str = "APIServer", level: str = "INFO") -> None:
-    """Print one log line in vLLM's format, prefixed with the process it would come from."""
+    """Print one log line in vLLM's format, prefixed with the process it would come from (none: a headless
+    node's main process)."""
     stamp = time.strftime("%m-%d %H:%M:%S")
-    print(f"({proc} pid={os.getpid()}) {level} {stamp} [{where}] {msg}", flush=True)
+    prefix = f"({proc} pid={os.getpid()}) " if proc else ""
+    print(f"{prefix}{level} {stamp} [{where}] {msg}", flush=True)
 
 
 def engine_log(msg: str, where: str, level: str = "INFO") -> None:
@@ -439,6 +483,11 @@ def _parse_option(argv: list[str], i: int, token: str, spec: FlagSpec, args: Ser
         print(USAGE)
         sys.exit(0)
     negated = flag.startswith("--no-") and "--" + flag[5:] in spec.bools
+    if flag in STORE_TRUE_FLAGS:
+        if inline is not None:
+            raise UsageError(f"argument {flag}: ignored explicit argument {inline!r}")
+        args.options[flag[2:]] = True
+        return i
     if flag in spec.bools or negated:
         if inline is not None:
             raise UsageError(f"argument {flag}: ignored explicit argument {inline!r}")
@@ -636,9 +685,13 @@ def plan_sizing(args: ServeArgs, text_config: dict[str, Any], weight_bytes: int)
     kv_heads = int(text_config.get("num_key_value_heads", heads))
     head_dim = int(text_config.get("head_dim") or int(text_config.get("hidden_size", 4096)) // heads)
     dtype_bytes = 1 if str(args.get("kv-cache-dtype", "auto")).startswith("fp8") else 2
-    per_token = full_layers * 2 * kv_heads * head_dim * dtype_bytes * HYBRID_KV_FACTOR
+    # A tensor-parallel rank (one per Spark in a pair) holds its share of the weights and of the KV heads.
+    ranks = max(1, int(args.get("tensor-parallel-size", 1)))
+    per_token = full_layers * 2 * kv_heads * head_dim * dtype_bytes * HYBRID_KV_FACTOR / ranks
     budget = (
-        float(args.get("gpu-memory-utilization", 0.9)) * UNIFIED_MEMORY_BYTES - weight_bytes - RESERVED_BYTES
+        float(args.get("gpu-memory-utilization", 0.9)) * UNIFIED_MEMORY_BYTES
+        - weight_bytes / ranks
+        - RESERVED_BYTES
     )
     return Sizing(max_model_len=max_len, kv_tokens=max(0, int(budget // per_token)))
 
@@ -1220,10 +1273,14 @@ def other_clients(engine: Engine) -> NoReturn:
 def crash_after(seconds: float) -> None:
     """crash-after-load mode: the engine core dies mid-serving, the API server follows, the process exits 1."""
     time.sleep(seconds)
+    engine_dead(trace("busy_loop"), "torch.AcceleratorError: CUDA error: an illegal memory access was encountered")
+
+
+def engine_dead(frames: list[str], final: str) -> NoReturn:
+    """The engine core dies with `final`; the API server's output handler follows with EngineDeadError."""
     where = "core.py:710"
     engine_log("EngineCore encountered a fatal error.", where, level="ERROR")
-    final = "torch.AcceleratorError: CUDA error: an illegal memory access was encountered"
-    for line in format_traceback(trace("busy_loop"), final):
+    for line in format_traceback(frames, final):
         engine_log(line, where, level="ERROR")
     log("AsyncLLM output_handler failed.", "async_llm.py:480", level="ERROR")
     lines = format_traceback(
@@ -1244,6 +1301,257 @@ def hold_connections(sock: socket.socket) -> NoReturn:
         held.append(conn)
 
 
+# ------------------------------------------------------------------------------------------- multi-node
+
+HEARTBEAT_MISSES = 5
+GLOO_PAIR = "/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:534"
+
+
+def heartbeat_seconds() -> float:
+    return float(os.environ.get("VLLM_STANDIN_HEARTBEAT_SECONDS", "2"))
+
+
+def join_seconds() -> float:
+    return float(os.environ.get("VLLM_STANDIN_JOIN_SECONDS", "600"))
+
+
+def torch_warning(where: str, msg: str) -> None:
+    """A c10d warning as torch prints it (glog style, not vLLM's format)."""
+    stamp = time.strftime("%m%d %H:%M:%S")
+    print(f"[W{stamp}.000000000 {where}] [c10d] {msg}", flush=True)
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Where this process sits in a run across nodes; one node of one rank when --nnodes is not given."""
+
+    nnodes: int
+    rank: int
+    world_size: int
+    master_addr: str
+    master_port: int
+    headless: bool
+
+    @classmethod
+    def of(cls, args: ServeArgs) -> Topology:
+        # ParallelConfig's defaults: master_addr 127.0.0.1, master_port 29501.
+        world = int(args.get("tensor-parallel-size", 1)) * int(args.get("pipeline-parallel-size", 1))
+        return cls(int(args.get("nnodes", 1)), int(args.get("node-rank", 0)), world,
+                   args.get("master-addr") or "127.0.0.1", int(args.get("master-port", 29501)),
+                   bool(args.get("headless")))
+
+    @property
+    def multi_node(self) -> bool:
+        return self.nnodes > 1
+
+    @property
+    def address(self) -> str:
+        return f"{self.master_addr}:{self.master_port}"
+
+
+def validate_topology(topo: Topology) -> None:
+    """ParallelConfig's checks of --nnodes and --node-rank."""
+    if topo.multi_node and topo.world_size % topo.nnodes:
+        raise Fatal(f"AssertionError: world_size={topo.world_size} must be divisible by nnodes={topo.nnodes}.",
+                    trace("entry", "cli", "parallel"))
+    if topo.multi_node and topo.rank >= topo.nnodes:
+        raise Fatal(f"AssertionError: node_rank={topo.rank} must be less than nnodes={topo.nnodes}.",
+                    trace("entry", "cli", "parallel"))
+    if topo.multi_node and topo.rank > 0 and not topo.headless:
+        # A worker node without --headless starts an engine core of its own, which cannot lead (vllm #23691 era).
+        raise Fatal("AssertionError: collective_rpc should not be called on follower node", trace("engine", "kv"))
+    if topo.headless and topo.rank == 0:
+        # Node rank 0 with --headless starts data-parallel engines for another head: not what a pair runs.
+        print("vllm-standin: --headless is covered on a worker node (--node-rank 1 and up) only", file=sys.stderr)
+        sys.exit(3)
+
+
+class PeerLost(Exception):
+    """The other node went away: its connection closed, or its heartbeats stopped."""
+
+    def __init__(self, closed: bool, peer: tuple[str, int], local: tuple[str, int]) -> None:
+        super().__init__("closed" if closed else "silent")
+        self.closed, self.peer, self.local = closed, peer, local
+
+    def gloo_error(self) -> str:
+        """The error a gloo collective with that peer ends in."""
+        if self.closed:
+            return f"[{GLOO_PAIR}] Connection closed by peer [{self.peer[0]}]:{self.peer[1]}"
+        waited = int(heartbeat_seconds() * HEARTBEAT_MISSES * 1000)
+        return ("[/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting "
+                f"{waited}ms for recv operation to complete")
+
+
+class Link:
+    """The head-worker connection that stands in for torch.distributed's store and gloo pairs: JSON lines, and an
+    empty line every heartbeat both ways from the moment the nodes joined."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.peer = sock.getpeername()[:2]
+        self.local = sock.getsockname()[:2]
+        self.reader = sock.makefile("rb")
+        self._send = threading.Lock()
+        threading.Thread(target=self._beat, daemon=True).start()
+
+    def send(self, message: dict[str, Any]) -> None:
+        with self._send:
+            self.sock.sendall(json.dumps(message).encode() + b"\n")
+
+    def _beat(self) -> None:
+        while True:
+            time.sleep(heartbeat_seconds())
+            try:
+                with self._send:
+                    self.sock.sendall(b"\n")
+            except OSError:
+                return  # the reader notices the peer is gone
+
+    def receive(self, timeout: float) -> dict[str, Any]:
+        """The next message, skipping heartbeats; PeerLost when the peer closes or says nothing for `timeout`."""
+        while True:
+            self.sock.settimeout(timeout)
+            try:
+                line = self.reader.readline()
+            except TimeoutError as err:
+                raise PeerLost(False, self.peer, self.local) from err
+            except OSError as err:
+                raise PeerLost(True, self.peer, self.local) from err
+            if not line:
+                raise PeerLost(True, self.peer, self.local)
+            if line.strip():
+                return json.loads(line)
+
+    def watch(self, on_lost: Callable[[PeerLost], None]) -> None:
+        """From now on the peer only sends heartbeats: call `on_lost` when they stop or the connection closes."""
+
+        def run() -> None:
+            try:
+                message = self.receive(heartbeat_seconds() * HEARTBEAT_MISSES)
+            except PeerLost as lost:
+                on_lost(lost)
+                return
+            raise AssertionError(f"unexpected message from the other node: {message}")
+
+        threading.Thread(target=run, daemon=True).start()
+
+
+def rank_assigned(topo: Topology) -> None:
+    log(f"rank {topo.rank} in world size {topo.world_size} is assigned as DP rank 0, PP rank 0, PCP rank 0, "
+        f"TP rank {topo.rank}, EP rank {topo.rank}", "parallel_state.py:1423", proc=f"Worker_TP{topo.rank}")
+
+
+def accept_worker(topo: Topology) -> Link:
+    """The head's engine: host the store on master_addr:master_port and wait there for the worker."""
+    listener = socket.socket(socket.AF_INET6 if ":" in topo.master_addr else socket.AF_INET)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind((topo.master_addr, topo.master_port))
+    except OSError as err:
+        raise Fatal(f"torch.distributed.DistNetworkError: The server socket has failed to bind to "
+                    f"[{topo.master_addr}]:{topo.master_port} (errno: {err.errno} - {err.strerror}).",
+                    trace("engine", "store")) from err
+    listener.listen(1)
+    engine_log(f"DP group leader: node_rank=0, node_rank_within_dp=0, master_addr={topo.master_addr}, "
+               f"mq_connect_ip={topo.master_addr} (local), world_size={topo.world_size}, "
+               f"local_world_size={topo.world_size // topo.nnodes}", "multiproc_executor.py:150")
+    waited, poll = 0.0, min(10.0, join_seconds())
+    listener.settimeout(poll)
+    while True:
+        try:
+            conn, _ = listener.accept()
+            break
+        except TimeoutError:
+            waited += poll
+            if os.environ.get("VLLM_LOGGING_LEVEL", "").upper() == "DEBUG":
+                log("Waiting for 1 local, 0 remote core engine proc(s) to start.", "v1/engine/utils.py:982",
+                    level="DEBUG")
+            if waited >= join_seconds():
+                raise Fatal(f"torch.distributed.DistStoreError: Timed out after {int(waited) + 1} seconds waiting "
+                            f"for clients. 1/{topo.world_size} clients joined.", trace("engine", "store")) from None
+    listener.close()
+    link = Link(conn)
+    try:
+        link.receive(join_seconds())  # the worker's hello
+    except PeerLost as lost:
+        startup_peer_lost(lost)
+    rank_assigned(Topology(topo.nnodes, 0, topo.world_size, topo.master_addr, topo.master_port, False))
+    return link
+
+
+def connect_head(topo: Topology) -> Link:
+    """A worker node: connect to the head's store, retrying while nothing listens there, as c10d does."""
+    deadline = time.monotonic() + join_seconds()
+    while True:
+        try:
+            sock = socket.create_connection((topo.master_addr, topo.master_port), timeout=5)
+            break
+        except OSError as err:
+            torch_warning("socket.cpp:767", f"The client socket has failed to connect to [{topo.master_addr}]:"
+                                            f"{topo.master_port} (errno: {err.errno} - {err.strerror}).")
+            if time.monotonic() > deadline:
+                raise Fatal(f"torch.distributed.DistNetworkError: The client socket has timed out after "
+                            f"{int(join_seconds() * 1000)}ms while trying to connect to ({topo.master_addr}, "
+                            f"{topo.master_port}).", trace("store")) from err
+            time.sleep(1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    link = Link(sock)
+    link.send({"rank": topo.rank})
+    rank_assigned(topo)
+    return link
+
+
+def startup_peer_lost(lost: PeerLost) -> NoReturn:
+    """The worker went away before the engine was up: the engine core fails to start, naming the gloo error."""
+    engine_log("EngineCore failed to start.", "core.py:843", level="ERROR")
+    for line in format_traceback(trace("engine", "rpc"), f"RuntimeError: Worker failed with error "
+                                 f"'{lost.gloo_error()}', please check the stack trace above for the root cause"):
+        engine_log(line, "core.py:843", level="ERROR")
+    raise Fatal("RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}",
+                trace("entry", "cli", "startup"))
+
+
+def worker_lost(lost: PeerLost) -> NoReturn:
+    """The head's engine while serving, once its worker is gone: the gloo error in its rank-0 worker, the failed
+    RPC in the engine core, EngineDeadError in the API server; exit 1."""
+    where = "multiproc_executor.py:838"
+    log("WorkerProc hit an exception.", where, proc="Worker_TP0", level="ERROR")
+    for line in format_traceback(trace("gloo"), f"RuntimeError: {lost.gloo_error()}"):
+        log(line, where, proc="Worker_TP0", level="ERROR")
+    engine_dead(trace("busy_loop")[:6] + trace("rpc"), f"RuntimeError: Worker failed with error "
+                f"'{lost.gloo_error()}', please check the stack trace above for the root cause")
+
+
+def head_lost(lost: PeerLost) -> NoReturn:
+    """A worker node once its head is gone: c10d cannot reach the store, the local worker dies; exit 1."""
+    local, peer = (f"[{host}]:{port}" for host, port in (lost.local, lost.peer))
+    detail = "Failed to recv, got 0 bytes. Connection was likely closed. Did the remote server shutdown or crash?" \
+        if lost.closed else f"Failed to recv, timed out after {int(heartbeat_seconds() * HEARTBEAT_MISSES)} s."
+    torch_warning("TCPStore.cpp:125", f"recvValue failed on SocketImpl(addr={local}, remote={peer}): {detail}")
+    log("Worker proc VllmWorker-1 died unexpectedly, shutting down executor.", "multiproc_executor.py:563",
+        proc="", level="ERROR")
+    os._exit(1)
+
+
+def run_headless(args: ServeArgs, topo: Topology, mode: str) -> NoReturn:
+    """`vllm serve --headless` on a worker node: no API server; join the head, load this rank's weights, then
+    hold its part of the engine until the head goes away."""
+    log(f"Launching vLLM (v{VERSION}) headless multiproc executor, with head node address {topo.address} for "
+        "torch.distributed process group.", "serve.py:216", proc="")
+    model_dir = resolve_model_dir(args.model, args.get("revision") or "main")
+    load_text_config(model_dir, args.model)
+    shards = weight_files(model_dir, args.model)
+    link = connect_head(topo)
+    load_weights(shards, float(os.environ.get("VLLM_STANDIN_LOAD_SECONDS", "240" if mode == "slow" else "5")),
+                 proc=f"Worker_TP{topo.rank}")
+    link.send({"loaded": True})
+    if mode == "crash-cutlass" and "CutlassFp8" not in os.environ.get("VLLM_DISABLED_KERNELS", ""):
+        crash_cutlass(args)
+    link.watch(head_lost)
+    threading.Event().wait()
+    raise AssertionError("unreachable")
+
+
 # --------------------------------------------------------------------------------------------- startup
 
 
@@ -1258,7 +1566,7 @@ def read_mode() -> str:
 
 
 # What SIGTERM needs: the serving socket and vLLM's --shutdown-timeout (0, the default, aborts at once).
-SHUTDOWN: dict[str, Any] = {"server": None, "timeout": 0.0}
+SHUTDOWN: dict[str, Any] = {"server": None, "timeout": 0.0, "headless": False}
 
 
 def on_signal(signum: int, frame: object) -> None:
@@ -1282,6 +1590,8 @@ def drain(server: StandinHTTPServer, timeout: float) -> None:
 
 
 def exit_now() -> None:
+    if SHUTDOWN["headless"]:
+        os._exit(0)  # no API server to shut down; the head sees this node go
     lines = ("Shutting down", "Waiting for application shutdown.", "Application shutdown complete.")
     os.write(1, "".join(f"(APIServer pid={os.getpid()}) INFO:     {line}\n" for line in lines).encode())
     os._exit(0)  # no buffered print from a signal handler: it may interrupt another print
@@ -1299,7 +1609,7 @@ def bind_server(args: ServeArgs) -> StandinHTTPServer:
     return server
 
 
-def load_weights(shards: list[Path], seconds: float) -> float:
+def load_weights(shards: list[Path], seconds: float, proc: str = "EngineCore_DP0") -> float:
     """Spend the load time shard by shard, failing at the first shard safetensors cannot open."""
     start = time.monotonic()
     for k, shard in enumerate(shards, 1):
@@ -1307,9 +1617,9 @@ def load_weights(shards: list[Path], seconds: float) -> float:
         time.sleep(seconds / len(shards))
         pct = 100 * k // len(shards)
         progress = f"Loading safetensors checkpoint shards: {pct:3d}% Completed | {k}/{len(shards)}"
-        print(f"(EngineCore_DP0 pid={os.getpid()}) {progress}", flush=True)
+        print(f"({proc} pid={os.getpid()}) {progress}", flush=True)
     took = time.monotonic() - start
-    engine_log(f"Loading weights took {took:.2f} seconds", "default_loader.py:267")
+    log(f"Loading weights took {took:.2f} seconds", "default_loader.py:267", proc=proc)
     return took
 
 
@@ -1345,8 +1655,9 @@ def build_engine(args: ServeArgs, sizing: Sizing, mode: str) -> Engine:
     )
 
 
-def start_engine(args: ServeArgs, mode: str) -> Sizing:
-    """Resolve the model, 'load' its weights and size the KV cache, logging what vLLM logs on the way."""
+def start_engine(args: ServeArgs, mode: str, topo: Topology) -> tuple[Sizing, Link | None]:
+    """Resolve the model, wait for the worker node if there is one, 'load' this rank's weights and size the KV
+    cache once every node has loaded, logging what vLLM logs on the way."""
     model_dir = resolve_model_dir(args.model, args.get("revision") or "main")
     text_config = load_text_config(model_dir, args.model)
     engine_log(f"Resolved architecture: {(text_config['architectures'] or ['?'])[0]}", "model.py:547")
@@ -1359,13 +1670,19 @@ def start_engine(args: ServeArgs, mode: str) -> Sizing:
         f"speculative_config={args.get('speculative-config')}, max_seq_len={sizing.max_model_len}",
         "core.py:77",
     )
+    link = accept_worker(topo) if topo.multi_node else None
     engine_log(f"Starting to load model {args.model}...", "gpu_model_runner.py:2602")
     default = "240" if mode == "slow" else "5"
     took = load_weights(shards, float(os.environ.get("VLLM_STANDIN_LOAD_SECONDS", default)))
     engine_log(
-        f"Model loading took {weight_bytes / 2**30:.4f} GiB and {took:.2f} seconds",
+        f"Model loading took {weight_bytes / topo.world_size / 2**30:.4f} GiB and {took:.2f} seconds",
         "gpu_model_runner.py:2653",
     )
+    if link is not None:
+        try:
+            link.receive(join_seconds())  # the worker has loaded its shard
+        except PeerLost as lost:
+            startup_peer_lost(lost)
     # VLLM_DISABLED_KERNELS=CutlassFp8BlockScaledMMKernel is the documented way around the crash.
     crashes = mode == "crash-cutlass" and "CutlassFp8" not in os.environ.get("VLLM_DISABLED_KERNELS", "")
     if crashes and args.get("enforce-eager"):
@@ -1380,7 +1697,7 @@ def start_engine(args: ServeArgs, mode: str) -> Sizing:
     if crashes:
         engine_log("Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): 0%", "gpu_model_runner.py:3590")
         crash_cutlass(args)
-    return sizing
+    return sizing, link
 
 
 def serve(argv: list[str]) -> None:
@@ -1391,13 +1708,18 @@ def serve(argv: list[str]) -> None:
         print(f"{USAGE}\nvllm serve: error: {err}", file=sys.stderr, flush=True)
         sys.exit(2)
     mode = read_mode()
+    topo = Topology.of(args)
     try:
         validate_serve_args(args)
+        validate_topology(topo)
+        if topo.headless:
+            SHUTDOWN["headless"] = True
+            run_headless(args, topo, mode)
         log(f"vLLM API server version {VERSION}", "api_server.py:1896")
         log(f"non-default args: {non_default_args(args)}", "utils.py:253")
         validate_api_server_args(args, spec)
         server = bind_server(args)
-        sizing = start_engine(args, mode)
+        sizing, link = start_engine(args, mode, topo)
     except Fatal as err:
         die(err.final, err.frames)
     server.engine = build_engine(args, sizing, mode)
@@ -1411,6 +1733,8 @@ def serve(argv: list[str]) -> None:
         "Application startup complete.",
     ):
         print(f"(APIServer pid={os.getpid()}) INFO:     {line}", flush=True)
+    if link is not None:
+        link.watch(worker_lost)
     if mode == "hang":
         hold_connections(server.socket)
     if mode == "busy":
