@@ -530,3 +530,14 @@ def test_a_pair_is_one_row_served_by_its_head_with_both_hosts_named() -> None:
     assert cells[2] == "[green]healthy[/], worker [bold red]unhealthy[/]"
     worker.status, worker.error = None, "unreachable: cannot connect over SSH (timeout)"
     assert status.exit_code(joined) == 1
+
+
+def test_drift_names_both_hosts_of_a_pair() -> None:
+    pair = {"name": "pair-a", "head": "pair-01"}
+    data = {"spark-01": {}, "pair-01": {"pair": pair}, "pair-02": {"pair": pair}}
+    hosts = [drift.HostDrift("spark-01"), drift.HostDrift("pair-01"),
+             drift.HostDrift("pair-02", changes=["Render the sparkfleet-vllm unit from the recipe"])]
+    drift.pair_drift(hosts, data)
+    assert hosts[1].lines() == ["pair-01: its pair pair-a restarts with pair-02, which would change: a deploy that "
+                                "restarts either host restarts both"]
+    assert hosts[0].lines() == [] and len(hosts[2].lines()) == 1
