@@ -7,6 +7,7 @@ Every variable sparkfleet reads is a field of `SparkConfig` (a Spark) or `Gatewa
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import re
 from dataclasses import dataclass
 from pathlib import PurePosixPath
@@ -18,6 +19,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainValidato
 from sparkfleet.recipes import FlagValue, load_recipes
 
 PREFIXES = ("vllm_", "model_", "nvidia_", "health_", "weights_", "hf_")
+NAMES = ("pair",)  # a Spark's variables without one of the prefixes
 GATEWAY_PREFIXES = ("gateway_",)
 
 
@@ -121,6 +123,33 @@ def _model_source(value: object) -> ModelSource | None:
     return ModelSource.parse(value)
 
 
+def _ip_address(value: str) -> str:
+    try:
+        return str(ipaddress.ip_address(value))
+    except ValueError:
+        raise ValueError(f"{value!r} is not an IP address; give the head's address on the fabric interface, "
+                         "e.g. 192.168.100.10 (vLLM's --master-addr)") from None
+
+
+class Pair(BaseModel):
+    """Two Sparks serving one model with tensor parallel across them (vLLM's --nnodes 2 without Ray): both hosts
+    carry this same mapping, normally set once as group data for the pair's group."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+                      description="Names the pair: its endpoint in `sparkfleet status` and rollouts.")
+    head: str = Field(min_length=1, description="Inventory name of the head: it serves the endpoint (node rank 0).")
+    interface: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,14}$",
+                           description="Fabric interface (ConnectX-7) NCCL, Gloo and vLLM's sockets are pinned to.")
+    master_addr: Annotated[str, AfterValidator(_ip_address)] = Field(
+        description="The head's address on that interface (--master-addr).")
+    master_port: int = Field(29500, ge=1024, le=65535, description="The head's rendezvous port (--master-port).")
+    ib_hca: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$")]] = Field(
+        default_factory=list, description="RoCE devices of the port (NCCL_IB_HCA, both of them); empty leaves it "
+        "unset.")
+
+
 SecretRef = Annotated[str, AfterValidator(_secret_ref)]
 AbsolutePath = Annotated[str, AfterValidator(_absolute)]
 WebUrl = Annotated[str, AfterValidator(_web_url)]  # http(s), as curl fetches it
@@ -217,6 +246,12 @@ class SparkConfig(BaseModel):
     nvidia_docker_restart: bool = Field(
         False, description="Allow a dockerd restart (needed only for a CDI change or a first toolkit install) "
         "while containers sparkfleet does not own are running; it stops and restarts them.", examples=[True])
+    pair: Pair | None = Field(
+        None, description="Two Sparks serving one model with tensor parallel 2 across them: both carry this same "
+        "mapping (`name`, `head`, fabric `interface`, the head's `master_addr` on it; `master_port` 29500, "
+        "`ib_hca` [] by default); the head serves the endpoint. See Pairs.",
+        examples=[{"name": "pair-a", "head": "spark-05", "interface": "enp1s0f0np0",
+                   "master_addr": "192.168.100.10"}])
     health_interval_seconds: int = Field(30, ge=5, description="How often the health timer probes.",
                                          examples=[60])
     health_alert_after: int = Field(3, ge=1, description="Consecutive failures before an alert.", examples=[5])
@@ -298,13 +333,15 @@ def _describe(error: dict, model: type[BaseModel] = SparkConfig) -> str:
     field = ".".join(str(part) for part in error["loc"])
     if error["type"] == "extra_forbidden":
         return f"`{field}` is not a sparkfleet variable.{_suggest(field, model)}"
+    if error["type"] == "missing":
+        return f"`{field}` is required and not set: give it (README: Configuration)."
     message = error["msg"].removeprefix("Value error, ")
     return f"`{field}` = {error.get('input')!r}: {message}."
 
 
 def parse_host(host: str, data: dict[str, object]) -> SparkConfig:
     """Validate one host's sparkfleet variables; other keys (ssh_*, _sudo, …) belong to pyinfra."""
-    ours = {key: value for key, value in data.items() if key.startswith(PREFIXES)}
+    ours = {key: value for key, value in data.items() if key.startswith(PREFIXES) or key in NAMES}
     try:
         config = SparkConfig(**ours)
     except ValidationError as error:

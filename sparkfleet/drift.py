@@ -29,6 +29,7 @@ from sparkfleet.endpoint import UNIT, Endpoint
 from sparkfleet.fleet import GATEWAYS, load_endpoint, with_weights
 from sparkfleet.gateway import BACKEND
 from sparkfleet.generations import SourceError
+from sparkfleet.pairs import partners, raw_name
 from sparkfleet.runner import Runner, each, load_hosts, quiet_pyinfra
 
 EXIT_CONVERGED, EXIT_ERROR, EXIT_DRIFTED = 0, 1, 2
@@ -212,7 +213,12 @@ def check(inventory: str, limits: Iterable[str] = (), data: Iterable[str] = ()) 
 
     A `--limit` that targets no host raises runner.TargetError (the CLI prints it and exits 1)."""
     quiet_pyinfra()
-    state, hosts = load_hosts(inventory, limits, data)
+    state, targeted = load_hosts(inventory, limits, data)
+    # A pair deploys as one unit (its dry run needs both hosts): either host targeted reads both.
+    everyone = {host.name: host.data.dict() for host in state.inventory if GATEWAYS not in host.groups}
+    wanted = set(partners(everyone, [host.name for host in targeted if host.name in everyone]))
+    hosts = [host for host in state.inventory
+             if host.name in wanted or (host in targeted and host.name not in everyone)]
     runner = Runner(inventory, state, hosts, list(data))
     gateways = [host for host in hosts if GATEWAYS in host.groups]
     endpoints: dict[str, Endpoint | None] = {host.name: _resolved(load_endpoint(host.name, host.data.dict())[0])
@@ -226,7 +232,21 @@ def check(inventory: str, limits: Iterable[str] = (), data: Iterable[str] = ()) 
     dry_run = pending.result()
     plan = parse_plan(dry_run.report)
     errors = [] if dry_run.ok else dry_run.message()
-    return Report([_one(host, endpoints.get(host.name), answers.get(host.name), plan) for host in hosts], errors)
+    report = Report([_one(host, endpoints.get(host.name), answers.get(host.name), plan) for host in hosts], errors)
+    pair_drift(report.hosts, everyone)
+    return report
+
+
+def pair_drift(hosts: list[HostDrift], data: dict[str, dict[str, Any]]) -> None:
+    """A pair restarts as one unit: a host whose partner would change is named too (the deploy restarts both)."""
+    by_name = {host.host: host for host in hosts}
+    for host in hosts:
+        pair = raw_name(data.get(host.host, {}))
+        partner = next((other for name, other in by_name.items() if name != host.host and pair is not None
+                        and raw_name(data.get(name, {})) == pair), None)
+        if partner is not None and partner.changes and not host.changes:
+            host.drift.append(f"its pair {pair} restarts with {partner.host}, which would change: a deploy that "
+                              "restarts either host restarts both")
 
 
 def _one(host: Host, spark: Endpoint | None, answer: status.Answer | None, plan: Plan | None) -> HostDrift:

@@ -32,6 +32,20 @@ class Endpoint:
     recipe: Recipe
     args: dict[str, FlagValue]  # effective vLLM flags, names normalised, recipe first
     weights: Generation | None = None  # the source resolved (fleet.resolve_weights) before weights_dir is read
+    peer: str | None = None  # the other host of its pair (fleet.load_inventory finds it), None when standalone
+
+    @property
+    def role(self) -> str | None:
+        """`head` (serves the endpoint, node rank 0) or `worker` (node rank 1, headless) in a pair; else None."""
+        pair = self.config.pair
+        if pair is None:
+            return None
+        return "head" if pair.head == self.host else "worker"
+
+    @property
+    def serves(self) -> bool:
+        """Whether this host serves the OpenAI API: a standalone Spark or a pair's head, when started at all."""
+        return self.config.vllm_start and self.role != "worker"
 
     @property
     def image(self) -> str:
@@ -74,10 +88,16 @@ class Endpoint:
         return self.config.model_source or ModelSource("hub", repo=model.id, revision=model.revision)
 
 
+PAIR_TENSOR_PARALLEL = 2  # a pair: one GPU on each of its two Sparks
+
+
 def resolve(host: str, config: SparkConfig) -> Endpoint:
-    """Recipe flags, then the host's `vllm_args` on top (None removes a flag)."""
+    """Recipe flags, then the host's `vllm_args` on top (None removes a flag). A pair's hosts split the model
+    across their two GPUs: tensor parallel 2 unless vllm_args says otherwise (the rules judge what it says)."""
     recipe = load_recipes()[config.vllm_recipe]
     args: dict[str, FlagValue] = {normalize(name): value for name, value in recipe.args.items()}
+    if config.pair is not None:
+        args["tensor-parallel-size"] = PAIR_TENSOR_PARALLEL
     for name, value in config.vllm_args.items():
         key = normalize(name)
         if value is None:

@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 from pyinfra.api.exceptions import PyinfraError
 
-from sparkfleet import generations, rules, secrets
+from sparkfleet import generations, pairs, rules, secrets
 from sparkfleet.config import InventoryError, SparkConfig, parse_gateway, parse_host
 from sparkfleet.endpoint import Endpoint, endpoint_url, resolve
 from sparkfleet.gateway import Gateway, Server, server_ids
@@ -83,8 +83,10 @@ def load_inventory(hosts: dict[str, dict[str, object]], gateways: Collection[str
     names = list(hosts) if targeted is None else [name for name in hosts if name in targeted]
     spark_names = [name for name in hosts if name not in gateways]
     wanted_gateways = [name for name in names if name in gateways]
-    # A Spark is validated once, whether it is targeted, routed by a targeted gateway, or both.
-    needed = [name for name in spark_names if name in names or wanted_gateways]
+    # A Spark is validated once, whether it is targeted, routed by a targeted gateway, or both; a pair is judged
+    # with both its hosts.
+    with_partners = pairs.partners({name: hosts[name] for name in spark_names}, names)
+    needed = [name for name in spark_names if name in with_partners or wanted_gateways]
     sparks: dict[str, Endpoint] = {}
     errors: list[str] = []
     warnings: list[str] = []
@@ -94,9 +96,15 @@ def load_inventory(hosts: dict[str, dict[str, object]], gateways: Collection[str
         warnings += host_warnings if name in names else []
         if endpoint is not None:
             sparks[name] = endpoint
+    errors += [f"{name}: `pair`: a gateway is not a Spark and serves no part of a pair; remove `pair` from it"
+               for name in wanted_gateways if hosts[name].get("pair") is not None]
+    sparks = pairs.with_peers(sparks)
+    unread = {pairs.raw_name(hosts[name]) for name in needed if name not in sparks} - {None}  # their errors say why
+    errors += pairs.problems(sparks, skip=unread) + pairs.untargeted(sparks, [name for name in names if name in sparks])
     resolved: dict[str, Gateway] = {}
     if wanted_gateways:
-        routed = [name for name in spark_names if name in sparks and sparks[name].config.vllm_start]
+        # A pair's worker serves no API: the gateway routes to its head.
+        routed = [name for name in spark_names if name in sparks and sparks[name].serves]
         servers, key, route_errors = _routes(routed, sparks, hosts)
         errors += route_errors
         for name in wanted_gateways:
@@ -203,6 +211,7 @@ def resolve_weights(endpoints: dict[str, Endpoint]) -> dict[str, Endpoint]:
             resolved[name] = with_weights(spark)
         except generations.SourceError as error:
             errors.append(f"{name}: {error}")
+    errors += pairs.weights_problems(resolved)
     if errors:
         raise FleetError("model source not usable, nothing was changed on any host:\n  " + "\n  ".join(errors))
     return resolved

@@ -60,6 +60,7 @@ class Budget:
     gpu_memory_utilization: float
     memory_bytes: int
     model: ModelShape = field(hash=False)
+    split: int = 1  # GPUs the model is split across (tensor x pipeline parallel: 2 for a pair), one per Spark
 
     @property
     def total(self) -> int:
@@ -125,7 +126,9 @@ def _flag(args: dict[str, FlagValue], name: str, default: FlagValue) -> int | fl
 
 
 def budget(endpoint: Endpoint, memory_bytes: int = SPARK_MEMORY_BYTES) -> Budget:
-    """The endpoint's memory budget on a host with `memory_bytes` of unified memory.
+    """The endpoint's memory budget on a host with `memory_bytes` of unified memory: one node's share when the
+    model is split across a pair (weights, KV heads, DeltaNet heads and the drafter are sharded by tensor
+    parallel, layers by pipeline parallel; each node keeps its own overhead and activations).
 
     Raises ValueError when a flag it reads is not a number vLLM accepts (flag.number and flag.range report
     those, with the same parser: a value the budget cannot read is never silently skipped).
@@ -136,22 +139,24 @@ def budget(endpoint: Endpoint, memory_bytes: int = SPARK_MEMORY_BYTES) -> Budget
     batched = int(_flag(args, "max-num-batched-tokens", DEFAULT_MAX_NUM_BATCHED_TOKENS))
     gmu = float(_flag(args, "gpu-memory-utilization", DEFAULT_GPU_MEMORY_UTILIZATION))
     kv_dtype = str(args.get("kv-cache-dtype", "auto"))
+    split = int(_flag(args, "tensor-parallel-size", 1)) * int(_flag(args, "pipeline-parallel-size", 1))
     kv_raw = model.full_attention_layers * 2 * model.kv_heads * model.head_dim * kv_bytes_per_value(kv_dtype)
-    kv_per_token = math.ceil(kv_raw * SAFETY_FACTOR)
+    kv_per_token = math.ceil(kv_raw * SAFETY_FACTOR / split)
+    linear_per_seq = math.ceil(model.linear_state_bytes_per_seq / split)
     # The MTP drafter is one more decoder layer (plus its KV and CUDA graphs): an average layer's share of the
     # checkpoint. Its tensors are already in checkpoint_bytes, so this errs on the high side.
     layers = model.full_attention_layers + model.linear_attention_layers
-    mtp = model.checkpoint_bytes * model.mtp_layers // layers if mtp_enabled(args) else 0
+    mtp = model.checkpoint_bytes * model.mtp_layers // layers // split if mtp_enabled(args) else 0
     return Budget(
-        weights=model.checkpoint_bytes,
+        weights=math.ceil(model.checkpoint_bytes / split),
         kv_cache=kv_per_token * max_model_len * max_num_seqs,
-        linear_state=model.linear_state_bytes_per_seq * max_num_seqs,
+        linear_state=linear_per_seq * max_num_seqs,
         mtp=mtp,
         overhead=OVERHEAD_BYTES + ACTIVATION_BYTES_PER_BATCHED_TOKEN * batched,
         available=int(gmu * memory_bytes),
         kv_per_token_raw=kv_raw,
         kv_per_token=kv_per_token,
-        linear_state_per_seq=model.linear_state_bytes_per_seq,
+        linear_state_per_seq=linear_per_seq,
         max_model_len=max_model_len,
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=batched,
@@ -159,6 +164,7 @@ def budget(endpoint: Endpoint, memory_bytes: int = SPARK_MEMORY_BYTES) -> Budget
         gpu_memory_utilization=gmu,
         memory_bytes=memory_bytes,
         model=model,
+        split=split,
     )
 
 
@@ -180,10 +186,14 @@ def explain(b: Budget) -> list[tuple[str, str]]:
     overhead = (f"{OVERHEAD_BYTES // GiB} GiB (CUDA context, graphs) + {per_token} KiB x "
                 f"{b.max_num_batched_tokens} batched tokens")
     left, state = b.available - b.total, b.linear_state_per_seq / 2**20
+    share = f" / {b.split} (split across {b.split} Sparks)" if b.split > 1 else ""
+    kv += share
+    node = " (this Spark's share)" if share else ""
+    mtp += share if b.mtp else ""
     return [
-        ("weights", f"{gb(b.weights)}  checkpoint of {m.id} ({m.quantization})"),
+        ("weights", f"{gb(b.weights)}  checkpoint of {m.id} ({m.quantization}){share}"),
         ("kv_cache", f"{gb(b.kv_cache)}  {kv}"),
-        ("linear_state", f"{gb(b.linear_state)}  {state:.1f} MiB DeltaNet state x {b.max_num_seqs} seqs"),
+        ("linear_state", f"{gb(b.linear_state)}  {state:.1f} MiB DeltaNet state{node} x {b.max_num_seqs} seqs"),
         ("mtp", f"{gb(b.mtp)}  {mtp}"),
         ("overhead", f"{gb(b.overhead)}  {overhead}"),
         ("total", gb(b.total)),

@@ -11,7 +11,7 @@ import json
 import posixpath
 import re
 import shlex
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -440,3 +440,27 @@ def host_ready(problems: list[str]):
         return
     lines = ["sparkfleet preflight refused this host; nothing was changed on it:", *problems]
     yield f"printf '%s\\n' {shlex.join(lines)} >&2; exit 1"
+
+
+@operation()
+def pair_step(commands: list[str], restarting: Callable[[], bool], peer_failed: Callable[[], str | None],
+              unchanged: str):
+    """
+    Run `commands` on a pair host when its pair (re)starts in this run; fail it when its partner already failed.
+
+    + commands: shell commands (stop the unit, or wait for the pair's health)
+    + restarting: whether the pair restarts: when planning, from this host's own planned changes; when executing,
+      from what both hosts changed (a partner's changes are known only then, so a host whose partner alone
+      drifted plans nothing and still restarts with it)
+    + peer_failed: a sentence when the partner failed earlier in this run (the pair cannot serve without it)
+    + unchanged: the no-op message
+    """
+    why = peer_failed()
+    if why:
+        yield _fail(why)
+        return
+    if not restarting():
+        host.noop(unchanged)
+        return
+    for command in commands:
+        yield StringCommand(command)

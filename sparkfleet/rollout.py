@@ -39,6 +39,7 @@ from sparkfleet.runner import DeployRun, Pending, Reply, Runner, load_hosts, qui
 # The checker goes back with its configuration: a newer checker may refuse an older health.json.
 KEPT = (UNIT_FILE, ENV_FILE, CONFIG, CHECKER, COMMON)
 PHASE = "sparkfleet_phase"
+NOT_STARTED = "installed (vllm_start is false)"
 PROGRESS_SECONDS = 3  # how often the stage phase reads each host's staged bytes
 
 
@@ -87,13 +88,19 @@ def tolerance(text: str) -> float:
     return value
 
 
-def plan_batches(hosts: list[str], canary: int, batch: int) -> list[list[str]]:
-    """Inventory order: the first `canary` hosts alone, then batches of `batch`."""
+def plan_batches(hosts: list[str], canary: int, batch: int, heads: dict[str, str] | None = None) -> list[list[str]]:
+    """Inventory order: the first `canary` endpoints alone, then batches of `batch`. A pair (`heads`: each worker's
+    head) is one endpoint: its two hosts always share a batch, where the first of them stands."""
     for option, count in (("--canary", canary), ("--batch", batch)):
         if count < 1:
             raise ValueError(f"{option} {count}: a batch needs at least 1 host; give {option} 1 or more")
-    head, rest = hosts[:canary], hosts[canary:]
-    return [head] + [rest[i:i + batch] for i in range(0, len(rest), batch)] if head else []
+    units: dict[str, list[str]] = {}
+    for host in hosts:
+        units.setdefault((heads or {}).get(host, host), []).append(host)
+    endpoints = list(units.values())
+    first, rest = endpoints[:canary], endpoints[canary:]
+    batches = [first] + [rest[i:i + batch] for i in range(0, len(rest), batch)] if first else []
+    return [[host for unit in members for host in unit] for members in batches]
 
 
 def snapshot_command() -> str:
@@ -116,6 +123,11 @@ def restore_command() -> str:
                          f"{path}; }}" for path in KEPT)
     return (f"if test -f {KNOWN_GOOD}/{UNIT}.service; then {copies} && systemctl daemon-reload && "
             f"{{ systemctl reset-failed {UNIT}; systemctl restart {UNIT}; }}; else systemctl stop {UNIT}; fi")
+
+
+def stop_command() -> str:
+    """Stop the endpoint (a pair's two hosts stop before either is restored, so they start again in order)."""
+    return f"systemctl stop {UNIT}"
 
 
 def gate_command(timeout: int) -> str:
@@ -146,14 +158,18 @@ def _gate(runner: Runner, hosts: list[str], timeout: int) -> dict[str, tuple[boo
 
 def run(runner: Runner, hosts: list[str], serving: set[str], canary: int, batch: int, timeout: int,
         say: Callable[[str], None], gate: bench.Gate | None = None, gateways: Gateways | None = None,
-        watch: Callable[[Pending], DeployRun] | None = None) -> Rollout:
+        watch: Callable[[Pending], DeployRun] | None = None, heads: dict[str, str] | None = None) -> Rollout:
     """Stage everywhere, then each batch: snapshot, drain, deploy, gate, ready; on a bad batch roll it back and
     stop.
 
     With a bench `gate`, its hosts in a batch are benched before the batch changes them (when they have no
     reference yet) and after its health gate; a drop fails the batch like a sick host. With `gateways`, a batch's
-    serving hosts are out of every gateway's rotation from before their restart until they are healthy again."""
-    plan = Rollout(plan_batches(hosts, canary, batch))
+    serving hosts are out of every gateway's rotation from before their restart until they are healthy again.
+
+    A pair (`heads` maps each worker to its head) is one endpoint: its hosts share a batch, its deploy restarts
+    both (worker first, see deploys/service.py), its head's gate is the pair's, and a rollback restores both."""
+    heads = heads or {}
+    plan = Rollout(plan_batches(hosts, canary, batch, heads))
     for number, members in enumerate(plan.batches):
         for host in members:
             plan.results[host] = HostResult(host, number)
@@ -199,7 +215,7 @@ def run(runner: Runner, hosts: list[str], serving: set[str], canary: int, batch:
         if deploy.ok and not sick:
             for host in members:
                 plan.results[host].outcome = "updated"
-                plan.results[host].diagnosis = verdicts.get(host, (True, "installed (vllm_start is false)"))[1]
+                plan.results[host].diagnosis = _verdict(verdicts, host, heads, (True, NOT_STARTED))[1]
                 if host in measured:
                     plan.results[host].diagnosis += f"; {measured[host].message()}"
                 if host in drained and drain_note:
@@ -210,7 +226,7 @@ def run(runner: Runner, hosts: list[str], serving: set[str], canary: int, batch:
                 break
             continue
         plan.failed_batch = number
-        _roll_back(plan, runner, members, serving, sick, deploy, timeout, say)
+        _roll_back(plan, runner, members, serving, sick, deploy, timeout, say, heads)
         if drained:
             back = [h for h in drained if plan.results[h].outcome == "rolled-back"]
             _back_in_service(plan, gateways, back)  # type: ignore[arg-type]
@@ -265,17 +281,35 @@ def _stage_failed(plan: Rollout, stage: DeployRun) -> None:
                             else f"not touched: staging failed on {', '.join(stage.failed)}")
 
 
+def _verdict(verdicts: dict[str, tuple[bool, str]], host: str, heads: dict[str, str],
+             default: tuple[bool, str]) -> tuple[bool, str]:
+    """A host's gate verdict; a pair's worker has its head's (the head serves only with its worker joined)."""
+    head = heads.get(host)
+    if head is None:
+        return verdicts.get(host, default)
+    healthy, verdict = verdicts.get(head, default)
+    return healthy, f"gated on its head {head}: {verdict}" if verdict else ""
+
+
 def _roll_back(plan: Rollout, runner: Runner, members: list[str], serving: set[str], sick: dict[str, str],
-               deploy: DeployRun, timeout: int, say: Callable[[str], None]) -> None:
-    """Restore the batch's known-good unit, env file and health config, then gate it again."""
+               deploy: DeployRun, timeout: int, say: Callable[[str], None], heads: dict[str, str]) -> None:
+    """Restore the batch's known-good unit, env file and health config, then gate it again. A pair's two hosts
+    stop first, then its worker is restored (with the standalone hosts), then its head."""
     for host in members:
         plan.results[host].diagnosis = sick.get(host) or (
-            f"deploy failed: {deploy.why(host)}" if host in deploy.failed else "passed, rolled back with its batch")
+            f"deploy failed: {deploy.why(host)}" if host in deploy.failed else
+            f"rolled back with its head {heads[host]}" if host in heads else "passed, rolled back with its batch")
     say(f"batch {plan.failed_batch + 1} failed; restoring its last known-good configuration")
-    runner.shell(members, restore_command())
+    paired = [host for host in members if host in heads or host in heads.values()]
+    if paired:
+        runner.shell(paired, stop_command())
+    later = [host for host in members if host in heads.values()]
+    runner.shell([host for host in members if host not in later], restore_command())
+    if later:
+        runner.shell(later, restore_command())
     verdicts = _gate(runner, [h for h in members if h in serving], timeout)
     for host in members:
-        healthy, verdict = verdicts.get(host, (True, ""))
+        healthy, verdict = _verdict(verdicts, host, heads, (True, ""))
         plan.results[host].outcome = "rolled-back" if healthy else "rollback-failed"
         if not healthy:
             plan.results[host].diagnosis += f"; after rollback: {verdict}"
@@ -304,13 +338,17 @@ def main(args: argparse.Namespace) -> int:
 
     A `--limit` that targets no host raises runner.TargetError before anything runs (the CLI prints it)."""
     from sparkfleet.fleet import GATEWAYS, FleetError, load_inventory, resolve_weights
+    from sparkfleet.pairs import partners
 
     console = Console(stderr=args.json)
     quiet_pyinfra()
     state, targeted = load_hosts(args.inventory, args.limit, args.data)
     # Every gateway of the inventory drains the batches, targeted or not; a rollout restarts only Sparks.
     gateway_hosts = [host for host in state.inventory if GATEWAYS in host.groups]
-    hosts = [host for host in targeted if host not in gateway_hosts]
+    # A pair is one endpoint: targeting either host rolls out both.
+    sparks = {host.name: host.data.dict() for host in state.inventory if host not in gateway_hosts}
+    whole = set(partners(sparks, [host.name for host in targeted if host.name in sparks]))
+    hosts = [host for host in state.inventory if host.name in whole]
     names = [host.name for host in hosts]
     if not hosts:
         console.print(f"rollout: no Spark targeted, only gateways: deploy those with `pyinfra {args.inventory} "
@@ -323,7 +361,8 @@ def main(args: argparse.Namespace) -> int:
         console.print(f"[red]{error}[/red]")
         return 1
     endpoints = resolve_weights(fleet.sparks)
-    serving = {name for name, spark in endpoints.items() if spark.config.vllm_start}
+    serving = {name for name, spark in endpoints.items() if spark.serves}
+    heads = {name: spark.peer for name, spark in endpoints.items() if spark.role == "worker" and spark.peer}
     timeout = max((spark.recipe.load_timeout_seconds for spark in endpoints.values()), default=0)
 
     def say(line: str) -> None:
@@ -337,7 +376,7 @@ def main(args: argparse.Namespace) -> int:
         else None
     sizes = {name: (spark.weights_dir, checkpoint_size(spark)) for name, spark in endpoints.items()}
     watch = None if args.json else staging_progress(runner, console, sizes)
-    plan = run(runner, names, serving, args.canary, args.batch, timeout, say, gate, gateways, watch)
+    plan = run(runner, names, serving, args.canary, args.batch, timeout, say, gate, gateways, watch, heads)
     if args.json:
         sys.stdout.write(json.dumps(plan.as_json(), indent=2) + "\n")
     else:

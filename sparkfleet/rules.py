@@ -39,6 +39,7 @@ from sparkfleet.vllm_flags import (
 )
 
 GPUS_PER_SPARK = 1
+PAIR_GPUS = 2 * GPUS_PER_SPARK
 GMU_ERROR = 0.90  # seed 000: 0.9 at 128K context is at the edge of unified memory
 GMU_WARN = 0.85
 MEMORY_HEADROOM_WARN = 0.05  # vLLM's profiling overshoots on unified memory (vllm #46307)
@@ -189,13 +190,20 @@ def flag_limits(endpoint: Endpoint, flags: FlagSet) -> Iterator[Finding]:
 
 
 def parallelism(endpoint: Endpoint, flags: FlagSet) -> Iterator[Finding]:
-    """A Spark has one GPU: tensor x pipeline parallel above 1 cannot start."""
+    """A Spark has one GPU: tensor x pipeline parallel above 1 cannot start, except across a pair's two Sparks,
+    whose one engine needs exactly their two GPUs."""
     tp, pp = _valid(endpoint, "tensor-parallel-size", 1), _valid(endpoint, "pipeline-parallel-size", 1)
-    if tp is not None and pp is not None and tp * pp > GPUS_PER_SPARK:
+    if tp is None or pp is None:
+        return
+    if endpoint.config.pair is None and tp * pp > GPUS_PER_SPARK:
         yield Finding("capacity.parallel", "error", _arg("tensor-parallel-size"),
                       f"tensor x pipeline parallel = {tp * pp:g} but a DGX Spark has {GPUS_PER_SPARK} GPU; "
-                      "set tensor-parallel-size to 1 "
-                      "(multi-Spark serving over ConnectX-7 is not managed here)")
+                      "set tensor-parallel-size to 1, or declare a `pair` to serve across two Sparks")
+    elif endpoint.config.pair is not None and tp * pp != PAIR_GPUS:
+        yield Finding("capacity.parallel", "error", _arg("tensor-parallel-size"),
+                      f"tensor x pipeline parallel = {tp * pp:g} but pair {endpoint.config.pair.name} runs one "
+                      f"engine across {PAIR_GPUS} Sparks of {GPUS_PER_SPARK} GPU each (vLLM refuses any other "
+                      "world size with --nnodes 2); leave tensor-parallel-size unset (a pair's default is 2)")
 
 
 def memory_utilization(endpoint: Endpoint, flags: FlagSet) -> Iterator[Finding]:

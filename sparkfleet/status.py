@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import shlex
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pyinfra.api import Host, State
@@ -25,6 +25,7 @@ from sparkfleet.deploys.health import STATUS as SCRIPT
 from sparkfleet.endpoint import CONTAINER, DAEMON_JSON, ENV_FILE, LOADED_WEIGHTS, UNIT, UNIT_FILE
 from sparkfleet.fleet import GATEWAYS
 from sparkfleet.gateway import SHOW, GatewayError, ServerView, answers, api_command, parse_views
+from sparkfleet.pairs import partners, raw_name
 from sparkfleet.runner import SSH_ERRORS, cannot_connect, connected, each, load_hosts, quiet_pyinfra, run_shell
 from sparkfleet.tables import Column, print_folded
 
@@ -71,16 +72,22 @@ class Answer:
     deployed: bool = True  # False: reachable, but the reporter is not installed yet
     gateway: bool = False
     views: dict[str, ServerView] | None = None
+    pair: str | None = None  # a pair's head: the pair's one row, its worker's report beside it
+    worker: Answer | None = None
 
     @property
     def answered(self) -> bool:
-        return (self.views if self.gateway else self.status) is not None
+        mine = (self.views if self.gateway else self.status) is not None
+        return mine and (self.worker is None or self.worker.answered)
 
     def as_dict(self) -> dict[str, Any]:
         if self.gateway:
             views = {name: view.as_dict() for name, view in (self.views or {}).items()}
             return {"host": self.host, "error": self.error, "gateway": views}
-        return {"host": self.host, "error": self.error, **(self.status or {})}
+        mine = {"host": self.host, "error": self.error, **(self.status or {})}
+        if self.worker is not None:
+            mine["pair"] = {"name": self.pair, "head": self.host, "worker": self.worker.as_dict()}
+        return mine
 
 
 def read_status(state: State, host: Host, args: str) -> Answer:
@@ -111,12 +118,36 @@ def read_gateway(state: State, host: Host) -> Answer:
 
 
 def collect(inventory: str, limits: Iterable[str] = (), data: Iterable[str] = ()) -> list[Answer]:
-    """The targeted Sparks' reports, then the targeted gateways'."""
+    """The targeted Sparks' reports (a pair's as one, whichever of its hosts is targeted), then the targeted
+    gateways'."""
     quiet_pyinfra()
     state, hosts = load_hosts(inventory, limits, data)
     gateways = [host for host in hosts if GATEWAYS in host.groups]
-    sparks = [host for host in hosts if host not in gateways]
-    return probe(state, sparks) + each(state, gateways, lambda host: read_gateway(state, host))
+    everyone = {host.name: host.data.dict() for host in state.inventory if GATEWAYS not in host.groups}
+    wanted = set(partners(everyone, [host.name for host in hosts if host not in gateways]))
+    sparks = [host for host in state.inventory if host.name in wanted]
+    answers = join_pairs(probe(state, sparks), {name: everyone[name] for name in wanted})
+    return answers + each(state, gateways, lambda host: read_gateway(state, host))
+
+
+def join_pairs(answers: list[Answer], data: dict[str, dict[str, Any]]) -> list[Answer]:
+    """A pair is one endpoint: one answer per pair, its head's (it serves the endpoint) with its worker's beside
+    it, where the head stands. `data` is each host's inventory data (its `pair`, as written)."""
+    by_host = {answer.host: answer for answer in answers}
+    joined = []
+    for answer in answers:
+        pair = data.get(answer.host, {}).get("pair")
+        if not isinstance(pair, dict) or raw_name(data[answer.host]) is None:
+            joined.append(answer)
+            continue
+        name, head = pair["name"], pair.get("head")
+        worker = next((other for host, other in by_host.items() if host != head and host != answer.host
+                       and raw_name(data.get(host, {})) == name), None) if answer.host == head else None
+        if answer.host == head and worker is not None:
+            joined.append(replace(answer, pair=name, worker=worker))
+        elif answer.host != head and head not in by_host:
+            joined.append(answer)  # its head is not in the inventory: the inventory check says so
+    return joined
 
 
 # --- rendering -----------------------------------------------------------------------------------------
@@ -186,14 +217,35 @@ def endpoint_state(status: dict[str, Any]) -> str:
     return coloured(f"{state}/{sub}" if state and sub else state, COLOURS.get(state or ""))
 
 
+def host_cell(answer: Answer) -> str:
+    """The host, or a pair as its name and both hosts, head first."""
+    if answer.worker is None:
+        return text(answer.host)
+    return text(f"{answer.pair}: {answer.host} + {answer.worker.host}")
+
+
+def worker_note(answer: Answer) -> tuple[str, str]:
+    """What a pair's row adds about its worker to the endpoint and health cells: nothing while it is fine."""
+    worker = answer.worker
+    if worker is None:
+        return "", ""
+    if worker.status is None:
+        return ", [bold red]worker: no answer[/]", ""
+    state, health = worker.status.get("state"), (worker.status.get("last_result") or {}).get("state")
+    return ("" if state == "active" else f", worker {endpoint_state(worker.status)}",
+            "" if health in (None, "healthy") else f", worker {coloured(health, HEALTH_COLOURS.get(health or ''))}")
+
+
 def row(answer: Answer) -> list[str]:
     """One cell per COLUMNS entry, as rich markup."""
     if answer.status is None:
-        return [text(answer.host), "[bold red]no answer[/]", *("" for _ in COLUMNS[2:])]
+        return [host_cell(answer), "[bold red]no answer[/]", *("" for _ in COLUMNS[2:])]
     s = answer.status
     health = (s.get("last_result") or {}).get("state")
+    state_note, health_note = worker_note(answer)
     return [
-        text(answer.host), endpoint_state(s), coloured(health, HEALTH_COLOURS.get(health or "")),
+        host_cell(answer), endpoint_state(s) + state_note,
+        coloured(health, HEALTH_COLOURS.get(health or "")) + health_note,
         duration(s.get("uptime_seconds")), text(s.get("restarts")), short_model(s.get("model")),
         text((s.get("weights_generation") or "")[:12] or None), short_image(s.get("image")),
         percent(s.get("kv_cache_usage")), percent(s.get("mtp_acceptance")),
@@ -225,7 +277,7 @@ def render(answers: list[Answer], console: Console, wide: bool = False) -> None:
     if gateways:
         print_folded(console, "gateways: each Spark as the gateway sees it", GATEWAY_COLUMNS,
                      [line for answer in gateways for line in gateway_rows(answer)], wide)
-    for answer in answers:
+    for answer in [*answers, *(answer.worker for answer in answers if answer.worker is not None)]:
         if answer.error:
             console.print(f"[bold red]{answer.host}[/]: {answer.error}", highlight=False)
 

@@ -26,7 +26,9 @@ REMOVED = {
 }
 # Flags sparkfleet sets itself from inventory variables: the unit owns them.
 OWNED = {"host": "set by sparkfleet (0.0.0.0)", "port": "use vllm_port", "model": "the recipe's model is mounted",
-         "api-key": "use vllm_api_key (kept out of argv)", "served-model-name": "use vllm_served_model_name"}
+         "api-key": "use vllm_api_key (kept out of argv)", "served-model-name": "use vllm_served_model_name",
+         **{name: "set by sparkfleet from the `pair` variable (serving across two Sparks)"
+            for name in ("nnodes", "node-rank", "master-addr", "master-port", "headless")}}
 # vLLM's human_readable_int (vllm/utils/argparse_utils.py): `k` is 1000, `K` is 1024, and decimals are
 # allowed only with the decimal suffixes ("25.6k" yes, "1.5K" is rejected).
 _SIZE = re.compile(r"(\d+(?:\.\d+)?)([kKmMgGtT])")

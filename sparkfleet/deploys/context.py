@@ -31,6 +31,8 @@ restart_triggers: dict[str, list[OperationMeta]] = {}
 activations: dict[str, list[OperationMeta]] = {}
 # Operations that install the toolkit where it was missing, per host: dockerd must restart after them.
 toolkit_installs: dict[str, list[OperationMeta]] = {}
+# Per pair host, whether it needs a (re)start in this run (service.py); its partner asks when executing.
+pair_starts: dict[str, Callable[[], bool]] = {}
 
 
 def staging_only(host: Host) -> bool:
@@ -65,6 +67,33 @@ def once_per_host(read: Callable[..., T]) -> Callable[..., T]:
         return readings[key]
 
     return cached
+
+
+def pair_restarting(spark: Endpoint) -> Callable[[], bool]:
+    """Whether the pair of `spark` (re)starts in this run. When planning, only this host's own planned changes
+    are known (a partner's are computed in its own context, perhaps later); when executing, both hosts' are:
+    either one's change restarts both, worker first."""
+
+    def restarting() -> bool:
+        hosts = (spark.host, spark.peer) if state.is_executing else (spark.host,)
+        return any(pair_starts[name]() for name in hosts if name in pair_starts)
+
+    return restarting
+
+
+def peer_failed(spark: Endpoint) -> Callable[[], str | None]:
+    """A sentence when the partner of `spark` failed earlier in this run: the pair cannot serve without it, so
+    this host is failed before its endpoint is touched."""
+
+    def failed() -> str | None:
+        if not state.is_executing or spark.peer not in {failed.name for failed in state.failed_hosts}:
+            return None
+        pair = spark.config.pair.name  # type: ignore[union-attr]
+        return (f"{spark.peer}, the other host of pair {pair}, failed earlier in this run and the pair cannot serve "
+                f"without it: {spark.host}'s endpoint was left as it was; fix {spark.peer} and re-run the deploy "
+                "on both")
+
+    return failed
 
 
 def is_gateway(host: Host) -> bool:

@@ -10,9 +10,18 @@ from pyinfra.api import deploy
 from pyinfra.api.util import get_template
 from pyinfra.operations import server, systemd
 
-from sparkfleet.deploys.context import LIB, REMOTE, TEMPLATES, activations, changed, staging_only, will_change
+from sparkfleet.deploys.context import (
+    LIB,
+    REMOTE,
+    TEMPLATES,
+    activations,
+    changed,
+    pair_restarting,
+    staging_only,
+    will_change,
+)
 from sparkfleet.endpoint import CONTAINER, ENV_FILE, ETC, UNIT, Endpoint
-from sparkfleet.operations import managed_file, unit_state
+from sparkfleet.operations import managed_file, pair_step, unit_state
 
 CHECKER = f"{LIB}/healthcheck.py"
 STATUS = f"{LIB}/status.py"  # read-only reporter that `sparkfleet status` and `drift` run
@@ -34,7 +43,18 @@ def health_config(spark: Endpoint) -> dict[str, object]:
         "alert_after": config.health_alert_after, "textfile_dir": config.health_textfile_dir,
         "state_dir": STATE_DIR, "log_lines": 1000, "renotify_minutes": config.health_renotify_minutes,
         "min_mem_available_gib": config.health_min_mem_available_gib, "busy_sample_seconds": 5,
+        "pair": pair_config(spark),
     }
+
+
+def pair_config(spark: Endpoint) -> dict[str, object] | None:
+    """What the checker of a pair host needs: its role, the other host's name (its diagnoses name it) and where
+    the two meet (the head's master port: the worker's connection there is the pair's link)."""
+    pair = spark.config.pair
+    if pair is None:
+        return None
+    return {"name": pair.name, "role": spark.role, "peer": spark.peer, "master_addr": pair.master_addr,
+            "master_port": pair.master_port, "interface": pair.interface}
 
 
 @deploy("Install the endpoint health check")
@@ -63,7 +83,12 @@ def install_healthcheck(spark: Endpoint) -> None:
     unit_state(name="Run the health timer where the endpoint runs (stopped when vllm_start is false)",
                unit=f"{HEALTH}.timer", running=enabled, enabled=enabled)
     started = activations[spark.host]
-    if enabled and will_change(*started):
+    if enabled and spark.role is not None:
+        timeout = spark.recipe.load_timeout_seconds
+        pair_step(name=f"Wait until pair {spark.config.pair.name} is healthy: the head serves with its worker "  # type: ignore[union-attr]
+                  f"joined (giving up after {timeout} s)", commands=[wait_command(timeout)],
+                  restarting=pair_restarting(spark), peer_failed=lambda: None, unchanged="the pair was not restarted")
+    elif enabled and will_change(*started):
         wait_healthy(spark, _if=changed(*started))
 
 

@@ -4,16 +4,26 @@ from __future__ import annotations
 
 import io
 
-from pyinfra import host
+from pyinfra import host, state
 from pyinfra.api import deploy
+from pyinfra.api.operation import OperationMeta
 from pyinfra.api.util import get_template
 from pyinfra.operations import server, systemd
 
 from sparkfleet import secrets
-from sparkfleet.deploys.context import TEMPLATES, activations, restart_triggers, staging_only, will_change
+from sparkfleet.deploys.context import (
+    TEMPLATES,
+    activations,
+    pair_restarting,
+    pair_starts,
+    peer_failed,
+    restart_triggers,
+    staging_only,
+    will_change,
+)
 from sparkfleet.endpoint import ENV_FILE, ETC, UNIT, UNIT_FILE, Endpoint
 from sparkfleet.host_state import current, login_user
-from sparkfleet.operations import image_pulled, managed_directory, managed_file, unit_state
+from sparkfleet.operations import image_pulled, managed_directory, managed_file, pair_step, unit_state
 from sparkfleet.unit import UnitView
 
 # Under sudo, pyinfra uploads as the login user into a temp dir, then copies with sudo: a secret's temp dir
@@ -35,7 +45,9 @@ def prepare(spark: Endpoint) -> None:
 def env_file(spark: Endpoint) -> str:
     """KEY=value lines for docker --env-file and systemd EnvironmentFile (values have no whitespace)."""
     config = spark.config
-    values = {"VLLM_API_KEY": config.vllm_api_key, "HF_TOKEN": config.hf_token,
+    # A pair's worker serves no API: it gets no key (secrets only where needed).
+    key = config.vllm_api_key if spark.serves or not config.vllm_start else None
+    values = {"VLLM_API_KEY": key, "HF_TOKEN": config.hf_token,
               "SPARKFLEET_HEALTH_WEBHOOK": config.health_webhook_url}
     lines = [f"{key}={secrets.resolve(ref)}" for key, ref in values.items() if ref]
     return "# Managed by sparkfleet: do not edit. Secrets for the vLLM endpoint and its health check.\n" + "".join(
@@ -76,6 +88,9 @@ def install_service(spark: Endpoint) -> None:
     # Weights staged by an earlier run (rollout's stage phase) count too: the endpoint still runs the old ones.
     loaded = found.get("weights_loaded", "unknown") if found else "unknown"
     earlier = list(activations[spark.host])  # a toolkit change or dockerd restart stopped it: it starts below
+    if spark.role is not None:
+        start_pair(spark, stopped or loaded == "differs", [*earlier, *triggers])
+        return
     restart = will_change(*triggers) or loaded == "differs"
     if stopped or restart or will_change(*earlier):
         server.shell(
@@ -92,3 +107,38 @@ def install_service(spark: Endpoint) -> None:
             service=f"{UNIT}.service", restarted=True,
             _if=lambda: loaded == "differs" or any(op.did_change() for op in triggers),
         ))
+
+
+def start_pair(spark: Endpoint, needed: bool, changes: list[OperationMeta]) -> None:
+    """A pair host: when either host (re)starts, both stop, the worker starts, then the head.
+
+    pyinfra runs each operation on every host before the next one, in the order of the deploy code: the
+    worker's start comes before the head's below, so the worker's unit is active when the head's starts. vLLM
+    itself waits too: its head blocks until the worker has joined at the master port, and its worker retries
+    until the head listens; an order that slips (`--serial`) still meets. A restart of one host alone would
+    kill the other's engine (each exits when its peer goes away): so a change on either restarts both, and a
+    host stopped or failed (`needed`) restarts its pair too.
+    """
+
+    def own() -> bool:
+        if needed:
+            return True
+        if not state.is_executing:
+            return will_change(*changes)
+        return any(op.is_complete() and op.did_change() for op in changes)
+
+    pair_starts[spark.host] = own
+    pair = spark.config.pair.name  # type: ignore[union-attr]
+    activations[spark.host].append(pair_step(
+        name=f"Stop both hosts of pair {pair} when either (re)starts, and reset their start counters",
+        commands=[f"systemctl stop {UNIT}.service", f"systemctl reset-failed {UNIT}.service 2>/dev/null || true"],
+        restarting=pair_restarting(spark), peer_failed=peer_failed(spark), unchanged=f"pair {pair} keeps running",
+    ))
+    if spark.role == "worker":
+        activations[spark.host].append(unit_state(
+            name=f"Enable and start {UNIT} on the worker of pair {pair} first", unit=f"{UNIT}.service",
+            running=True, enabled=True))
+    if spark.role == "head":
+        activations[spark.host].append(unit_state(
+            name=f"Enable and start {UNIT} on the head of pair {pair}, after its worker", unit=f"{UNIT}.service",
+            running=True, enabled=True))

@@ -20,6 +20,7 @@ import argparse
 import contextlib
 import dataclasses
 import http.client
+import ipaddress
 import json
 import os
 import re
@@ -45,6 +46,9 @@ EXIT_OK, EXIT_UNHEALTHY, EXIT_BAD_CONFIG = 0, 1, 2
 ERR, WARNING, NOTICE, INFO = 3, 4, 5, 6
 COMMAND_TIMEOUT = 30  # seconds: a wedged dockerd must not wedge the check
 MEMINFO = "/proc/meminfo"
+# TCP sockets of this host's network namespace, which the endpoint's container shares (--network host).
+TCP_TABLES = ("/proc/net/tcp", "/proc/net/tcp6")
+ESTABLISHED = "01"
 WEBHOOK_TIMEOUT = 10
 EVIDENCE_KEEP = 50  # a flapping endpoint must not fill the disk with evidence files
 UNIT_PROPERTIES = (
@@ -88,6 +92,8 @@ COUNT = Expected((int,), "a whole number above 0", positive=True)
 WHOLE = Expected((int,), "a whole number, 0 or more")
 SECONDS = Expected((int, float), "a number above 0", positive=True)
 AMOUNT = Expected((int, float), "a number, 0 or more")
+OBJECT_OR_NULL = Expected((dict, type(None)), "an object or null")
+PAIR_KEYS = {"name": str, "role": str, "peer": str, "master_addr": str, "master_port": int, "interface": str}
 
 
 def _value(expected: Expected) -> Any:
@@ -117,6 +123,8 @@ class Config:
     renotify_minutes: int = _value(WHOLE)  # repeat an open alert this often; 0 alerts once per incident
     min_mem_available_gib: float = _value(AMOUNT)  # host MemAvailable floor; 0 disables the check
     busy_sample_seconds: float = _value(SECONDS)  # gap between the two /metrics reads that tell busy from hung
+    # A pair host's role (head or worker), its partner's name and where the two meet; null when standalone.
+    pair: dict[str, Any] | None = _value(OBJECT_OR_NULL)
 
 
 class ConfigError(ValueError):
@@ -143,6 +151,10 @@ def load_config(path: str) -> Config:
             raise ConfigError(f"{item.name} must be {expected.description}, not {raw[item.name]!r}")
     if not raw["url"].startswith(("http://", "https://")):
         raise ConfigError(f"url must start with http:// or https://, not {raw['url']!r}")
+    pair = raw["pair"]
+    if pair is not None and (set(pair) != set(PAIR_KEYS) or pair.get("role") not in ("head", "worker") or
+                             not all(isinstance(pair[key], kind) for key, kind in PAIR_KEYS.items())):
+        raise ConfigError(f"pair must hold {sorted(PAIR_KEYS)} with role head or worker, not {pair!r}")
     return replace(Config(**raw), url=raw["url"].rstrip("/"))
 
 
@@ -278,6 +290,48 @@ def mem_available() -> int | None:
         return None
     match = re.search(r"^MemAvailable:\s+(\d+)\s*kB", text, re.M)
     return int(match.group(1)) * 1024 if match else None
+
+
+def _endpoint(text: str) -> tuple[str, int]:
+    """`0100007F:1F90` (/proc/net/tcp's little-endian words in hex) as ("127.0.0.1", 8080); IPv4 in IPv6 unmapped."""
+    address, _, port = text.partition(":")
+    raw = bytes.fromhex(address)
+    packed = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+    ip = ipaddress.ip_address(packed)
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return str(ip), int(port, 16)
+
+
+def connections(tables: tuple[str, ...] | None = None) -> list[tuple[tuple[str, int], tuple[str, int]]] | None:
+    """Established TCP connections (local, remote) of this network namespace; None when none can be read."""
+    found, read = [], False
+    for table in tables or TCP_TABLES:
+        try:
+            lines = Path(table).read_text(encoding="ascii", errors="replace").splitlines()[1:]
+        except OSError:
+            continue
+        read = True
+        for line in lines:
+            parts = line.split()
+            if len(parts) > 3 and parts[3] == ESTABLISHED:
+                with contextlib.suppress(ValueError):
+                    found.append((_endpoint(parts[1]), _endpoint(parts[2])))
+    return found if read else None
+
+
+def pair_linked(pair: dict[str, Any]) -> bool | None:
+    """Whether the pair's link is up, as this host sees it: on the head, a connection from another host to its
+    master port (its own processes reach it from the master address itself); on the worker, its connection to
+    the head's master address and port. None when the socket tables cannot be read."""
+    found = connections()
+    if found is None:
+        return None
+    master = (pair["master_addr"], pair["master_port"])
+    if pair["role"] == "worker":
+        return any(remote == master for _, remote in found)
+    return any(local[1] == pair["master_port"] and remote[0] != pair["master_addr"]
+               and not ipaddress.ip_address(remote[0]).is_loopback for local, remote in found)
 
 
 # --- HTTP probes ---------------------------------------------------------------------------------------
@@ -531,9 +585,36 @@ def _has_choices(body: bytes) -> bool:
         return False
 
 
+def check_pair(cfg: Config, unit: UnitState | None) -> Outcome | None:
+    """A pair host's link to its partner (None: linked, or standalone). Neither engine runs without the other: a
+    head blocks until its worker joins, and each exits when the other goes away. Unlinked is "starting" only in
+    the load window of a deliberate start; after a restart systemd made (the engine died, typically with its
+    partner) or past the window, the partner is lost."""
+    pair = cfg.pair
+    if pair is None:
+        return None
+    linked = pair_linked(pair)
+    if linked is not False:
+        return None  # linked, or no socket table to read: the HTTP checks still judge the head
+    kind = "worker_lost" if pair["role"] == "head" else "head_lost"
+    waiting = f"waiting for {pair['peer']} to join at {pair['master_addr']}:{pair['master_port']}"
+    age = unit.active_seconds if unit is not None and unit.active_state == "active" else None
+    if unit is not None and unit.active_state == "activating":
+        return Outcome(STARTING, f"{cfg.unit} is still activating ({unit.sub_state}); {waiting}")
+    if age is not None and age < cfg.load_window_seconds and not unit.restarts:  # type: ignore[union-attr]
+        return Outcome(STARTING, f"loading: {waiting}, {age:.0f} s into the {cfg.load_window_seconds:g} s load window")
+    return _unhealthy(kind)
+
+
 def run_checks(cfg: Config, unit: UnitState | None, deep: bool, api_key: str | None) -> Outcome:
-    """Unit, then /health, then /v1/models, then (deep runs only) a completion; the first failure decides."""
-    outcome = check_unit(unit) or check_health(cfg, unit) or check_models(cfg, api_key)
+    """Unit, then a pair's link, then /health, then /v1/models, then (deep runs only) a completion; the first
+    failure decides. A pair's worker serves no HTTP: its unit and its link to the head are its health."""
+    if cfg.pair is not None and cfg.pair["role"] == "worker":
+        master = f"{cfg.pair['master_addr']}:{cfg.pair['master_port']}"
+        return check_unit(unit) or check_pair(cfg, unit) or Outcome(
+            HEALTHY, f"worker of pair {cfg.pair['name']}: joined its head {cfg.pair['peer']} at {master} "
+            "(headless: no API of its own)")
+    outcome = check_unit(unit) or check_pair(cfg, unit) or check_health(cfg, unit) or check_models(cfg, api_key)
     if outcome is not None:
         return outcome
     if deep:
@@ -603,6 +684,18 @@ KINDS: dict[str, Kind] = {
         "GPU, so the engine, the page cache and sshd compete for it and the host can wedge: stop other memory "
         "users or lower --gpu-memory-utilization / --max-num-seqs in vllm_args, then restart the unit",
     ),
+    "worker_lost": Kind(
+        "the worker {peer} of pair {pair} is not connected to this head's master port {master}: the engine cannot "
+        "serve without it; check {peer} (`systemctl status {unit}` and `journalctl -u {unit}` there, or "
+        "`sparkfleet status`) and the fabric link on {interface}",
+        "{cause}; the worker {peer} of pair {pair} is not connected to this head's master port {master}: check "
+        "{peer} (`systemctl status {unit}` there) and the fabric link on {interface}",
+    ),
+    "head_lost": Kind(
+        "this worker of pair {pair} is not connected to its head {peer} at {master}: check that {peer}'s {unit} "
+        "runs (`sparkfleet status`) and that {master} answers on {interface}",
+        "{cause}; this worker of pair {pair} is not connected to its head {peer} at {master}",
+    ),
     "no_choices": Kind(
         "a 1-token completion returned no choices (HTTP {status}: {detail}): the engine accepts requests but "
         "cannot generate; restart the unit, and report with the saved logs",
@@ -618,6 +711,7 @@ class LogRule:
     name: str
     pattern: re.Pattern[str]
     template: str
+    pair_only: bool = False  # read only on a pair host (a standalone engine's own workers die in other ways)
 
 
 # Most specific first: the first rule that matches anywhere in the logs wins.
@@ -681,6 +775,17 @@ LOG_RULES: tuple[LogRule, ...] = (
         ),
         "model weights are missing on the host ({match}): re-run the deploy to stage them",
     ),
+    # Last: a pair host's own crash (memory, weights) also takes its partner's link down.
+    LogRule(
+        "peer_lost",
+        re.compile(
+            r"(?i:connection (?:closed|reset) by peer)[^\n]*|(?i:remote process exited)[^\n]*"
+            r"|(?i:(?:worker|node|peer|rank)[^\n]{0,60}(?:died|disconnected|lost|went away))[^\n]*"
+            r"|TCPStore[^\n]{0,80}(?:closed|failed|Broken pipe)[^\n]*"
+        ),
+        "the engine lost the other host of its pair, {peer} ({match}); each half of a pair exits without the other",
+        pair_only=True,
+    ),
 )
 
 
@@ -691,9 +796,11 @@ class _Facts(dict[str, str]):
         return "?"
 
 
-def find_cause(logs: str) -> tuple[LogRule, re.Match[str]] | None:
+def find_cause(logs: str, paired: bool = False) -> tuple[LogRule, re.Match[str]] | None:
     """The first LOG_RULES entry whose pattern occurs in the logs (table order = priority)."""
     for rule in LOG_RULES:
+        if rule.pair_only and not paired:
+            continue
         match = rule.pattern.search(logs)
         if match:
             return rule, match
@@ -704,7 +811,7 @@ def diagnose(failure: Failure, facts: dict[str, str], logs: str) -> tuple[str, s
     """One sentence naming cause and fix, plus a stable key (kind/rule) that says whether an alert is news."""
     kind = KINDS[failure.kind]
     values = _Facts({**facts, **failure.facts})
-    found = find_cause(logs) if kind.with_cause else None
+    found = find_cause(logs, paired="peer" in values) if kind.with_cause else None
     if found is None or kind.with_cause is None:
         return failure.kind, kind.template.format_map(values)
     rule, match = found
@@ -817,6 +924,9 @@ def evaluate(cfg: Config, deep: bool, previous: dict[str, Any]) -> Evaluation:
         "env_file": cfg.env_file,
         "container": container_status(cfg),
     }
+    if cfg.pair is not None:
+        facts.update(peer=cfg.pair["peer"], pair=cfg.pair["name"], interface=cfg.pair["interface"],
+                     master=f"{cfg.pair['master_addr']}:{cfg.pair['master_port']}")
     if unit is not None:
         facts.update(
             active_state=unit.active_state,

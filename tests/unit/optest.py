@@ -139,8 +139,12 @@ def _file(path: str, entry: dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 def arguments(args: dict[str, Any], tmp_path: Path) -> dict[str, Any]:
-    """A case's `args`, with `src: {text: ...}` as a StringIO, `src: {file: ...}` as a local file and a
+    """A case's `args`, with `restarting`/`peer_failed` values as the callables that answer them,
+    `src: {text: ...}` as a StringIO, `src: {file: ...}` as a local file and a
     `fetch: {source: ..., ...}` as a Fetch, its source parsed as the inventory's model_source is."""
+    for name in ("restarting", "peer_failed"):  # pair_step decides when called: a case gives the answer
+        if name in args:
+            args = {**args, name: (lambda value: lambda: value)(args[name])}
     if isinstance(args.get("fetch"), dict):
         fetch = args["fetch"]
         args = {**args, "fetch": operations.Fetch(**{**fetch, "source": ModelSource.parse(fetch["source"])})}

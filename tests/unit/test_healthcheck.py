@@ -306,6 +306,7 @@ def harness(tmp_path: Path) -> Iterator[Harness]:
         "renotify_minutes": 60,
         "min_mem_available_gib": 4.0,
         "busy_sample_seconds": SAMPLE,
+        "pair": None,
     }
     h = Harness(tmp_path, backend, url, config, env)
     h.configure()

@@ -97,7 +97,8 @@ class FakeRunner:
         return DeployRun(list(names), False, 0, {"plan": [], "results": {"failed_hosts": []}}, "")
 
     def shell(self, names: Sequence[str], command: str) -> dict[str, Reply]:
-        kind = {rollout.snapshot_command(): "snapshot", rollout.restore_command(): "restore"}.get(command, "gate")
+        kind = {rollout.snapshot_command(): "snapshot", rollout.restore_command(): "restore",
+                rollout.stop_command(): "stop"}.get(command, "gate")
         restored = any(call.startswith("restore ") for call in self.calls)
         self.calls.append(f"{kind} {' '.join(names)}")
         if kind != "gate":
@@ -285,3 +286,39 @@ def test_a_batch_no_gateway_sees_up_stops_the_rollout() -> None:
     assert _outcomes(plan)["s1"] == ("updated", "sparkfleet-vllm healthy: /health ok; gateway-01 sees it down (L4CON "
                                                 "Connection refused), 0 in flight")
     assert _outcomes(plan)["s2"] == ("skipped", "not touched: batch 1 is not back in service at every gateway")
+
+
+# --- pairs: one endpoint, two hosts --------------------------------------------------------------------------
+
+PAIRED = ["s1", "p1", "p2", "s2"]
+HEADS = {"p2": "p1"}  # p2 is the worker of p1's pair
+
+
+def _pair_run(fake: FakeRunner, canary: int = 1, batch: int = 1) -> rollout.Rollout:
+    return rollout.run(fake, PAIRED, {"s1", "p1", "s2"}, canary, batch, 60, lambda line: None,  # type: ignore[arg-type]
+                       heads=HEADS)
+
+
+def test_a_pair_counts_as_one_endpoint_in_a_batch() -> None:
+    assert rollout.plan_batches(PAIRED, canary=1, batch=1, heads=HEADS) == [["s1"], ["p1", "p2"], ["s2"]]
+    assert rollout.plan_batches(PAIRED, canary=2, batch=1, heads=HEADS) == [["s1", "p1", "p2"], ["s2"]]
+    assert rollout.plan_batches(["p2", "p1", "s1"], canary=1, batch=1, heads=HEADS) == [["p2", "p1"], ["s1"]]
+
+
+def test_a_pair_is_deployed_together_and_gated_on_its_head() -> None:
+    fake = FakeRunner()
+    plan = _pair_run(fake)
+    assert fake.calls == ["stage s1 p1 p2 s2", "snapshot s1", "deploy s1", "gate s1", "snapshot p1 p2",
+                          "deploy p1 p2", "gate p1", "snapshot s2", "deploy s2", "gate s2"]
+    assert _outcomes(plan)["p2"] == ("updated", "gated on its head p1: sparkfleet-vllm healthy: /health ok")
+
+
+def test_a_sick_pair_rolls_back_both_worker_first() -> None:
+    fake = FakeRunner(sick=["p1"])
+    plan = _pair_run(fake)
+    assert fake.calls[5:] == ["deploy p1 p2", "gate p1", "stop p1 p2", "restore p2", "restore p1", "gate p1"]
+    assert plan.failed_batch == 1
+    outcomes = _outcomes(plan)
+    assert outcomes["p1"][0] == outcomes["p2"][0] == "rolled-back"
+    assert outcomes["p2"][1] == "rolled back with its head p1"
+    assert outcomes["s2"][0] == "skipped"

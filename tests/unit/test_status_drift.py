@@ -509,3 +509,35 @@ def test_host_drift_combines_plan_and_facts() -> None:
     assert unreachable.error == "unreachable" and unreachable.facts == {}
     older = drift.host_drift(spark, status.Answer("spark-01", error="not installed", deployed=False), plan)
     assert older.error is None and older.facts == {} and older.changes == plan.changes["spark-01"]
+
+
+def test_a_pair_is_one_row_served_by_its_head_with_both_hosts_named() -> None:
+    pair = {"name": "pair-a", "head": "pair-01", "interface": "enp1s0f0np0", "master_addr": "192.168.100.10"}
+    data = {"spark-01": {}, "pair-01": {"pair": pair}, "pair-02": {"pair": pair}}
+    serving = {"state": "active", "sub_state": "running", "model": "org/m", "served_name": "m",
+               "last_result": {"state": "healthy"}}
+    worker = status.Answer("pair-02", {"state": "active", "sub_state": "running", "last_result": {"state": "healthy"}})
+    answers = [status.Answer("spark-01", serving), worker, status.Answer("pair-01", serving)]
+    joined = status.join_pairs(answers, data)
+    assert [answer.host for answer in joined] == ["spark-01", "pair-01"]
+    cells = status.row(joined[1])
+    assert cells[:3] == ["pair-a: pair-01 + pair-02", "[green]active/running[/]", "[green]healthy[/]"]
+    assert joined[1].as_dict()["pair"] == {"name": "pair-a", "head": "pair-01", "worker": worker.as_dict()}
+    assert status.exit_code(joined) == 0
+    worker.status = {"state": "failed", "sub_state": "failed", "last_result": {"state": "unhealthy"}}
+    cells = status.row(joined[1])
+    assert cells[1] == "[green]active/running[/], worker [bold red]failed/failed[/]"
+    assert cells[2] == "[green]healthy[/], worker [bold red]unhealthy[/]"
+    worker.status, worker.error = None, "unreachable: cannot connect over SSH (timeout)"
+    assert status.exit_code(joined) == 1
+
+
+def test_drift_names_both_hosts_of_a_pair() -> None:
+    pair = {"name": "pair-a", "head": "pair-01"}
+    data = {"spark-01": {}, "pair-01": {"pair": pair}, "pair-02": {"pair": pair}}
+    hosts = [drift.HostDrift("spark-01"), drift.HostDrift("pair-01"),
+             drift.HostDrift("pair-02", changes=["Render the sparkfleet-vllm unit from the recipe"])]
+    drift.pair_drift(hosts, data)
+    assert hosts[1].lines() == ["pair-01: its pair pair-a restarts with pair-02, which would change: a deploy that "
+                                "restarts either host restarts both"]
+    assert hosts[0].lines() == [] and len(hosts[2].lines()) == 1
