@@ -392,8 +392,13 @@ def ensure_space(dest: Path, need: int, margin: int) -> None:
 def progress(verb: str, rel: str, count: int, seconds: float, note: str = "") -> None:
     """One stderr line per file: a 20 GB transfer must show it is alive."""
     rate = count / MIB / seconds if seconds > 0 else 0.0
-    line = f"{verb} {rel} {count / MIB:.1f} MiB in {seconds:.1f} s ({rate:.0f} MiB/s){note}"
-    print(line, file=sys.stderr, flush=True)
+    say(f"{verb} {rel} {count / MIB:.1f} MiB in {seconds:.1f} s ({rate:.0f} MiB/s){note}")
+
+
+def say(line: str) -> None:
+    """One stderr line in one write: parallel fetches must not interleave a line with another's newline."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
 
 
 def verify(rel: str, path: Path, wanted: str, streamed: str | None) -> None:
@@ -462,7 +467,7 @@ def fetch_one(url: str, rel: str, path: Path, length: int | None) -> tuple[str |
     path.parent.mkdir(parents=True, exist_ok=True)
     offset = partial_size(path, length)
     if offset and offset == length:
-        print(f"found {rel} complete in {STAGING_NAME}", file=sys.stderr, flush=True)
+        say(f"found {rel} complete in {STAGING_NAME}")
         return None, 0
     started = time.monotonic()
     sha, count, resumed = receive(url, path, offset)
@@ -481,7 +486,7 @@ def fetch_verified(url: str, rel: str, path: Path, length: int | None, wanted: s
     if sha is None:
         sha = sha256_file(path, sync=True)
         if sha != wanted:
-            print(f"discarded {rel} in {STAGING_NAME}: resumed copy does not verify", file=sys.stderr)
+            say(f"discarded {rel} in {STAGING_NAME}: resumed copy does not verify")
             path.unlink()
             sha, more = fetch_one(url, rel, path, length)
             count += more
