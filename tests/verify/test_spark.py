@@ -15,9 +15,15 @@ from sparkfleet.unit import UnitView
 from tests.verify.conftest import Spark
 
 
-def _serving(spark: Spark) -> None:
+def _running(spark: Spark) -> None:
     if not spark.endpoint.config.vllm_start:
         pytest.skip(f"{spark.name} is deployed with vllm_start=false: the endpoint is installed, not started")
+
+
+def _serving(spark: Spark) -> None:
+    _running(spark)
+    if spark.endpoint.role == "worker":
+        pytest.skip(f"{spark.name} is a pair's worker: headless, its head {spark.endpoint.config.pair.head} serves")
 
 
 def _api(spark: Spark, path: str, body: dict | None = None) -> dict:
@@ -93,7 +99,12 @@ def test_unit_rendered_from_recipe(spark: Spark) -> None:
     assert unit.exists and unit.mode == 0o644
     text = unit.content_string
     view = UnitView.of(spark.endpoint)
-    assert view.image in text and f"--port {spark.endpoint.config.vllm_port}" in text
+    assert view.image in text
+    port = f"--port {spark.endpoint.config.vllm_port}"
+    if spark.endpoint.role == "worker":
+        assert port not in text and "--headless" in text and "--node-rank 1" in text
+    else:
+        assert port in text
     for arg in view.vllm_args:
         assert arg in text
     for option in ("--runtime nvidia", "--gpus all", "--ipc host", "--ulimit memlock=-1",
@@ -106,20 +117,21 @@ def test_secrets_only_in_root_env_file(spark: Spark) -> None:
     env = spark.host.file(ENV_FILE)
     assert env.user == "root" and env.group == "root" and env.mode == 0o600
     key = resolve(spark.endpoint.config.vllm_api_key)
-    assert f"VLLM_API_KEY={key}" in env.content_string
+    # A pair's worker serves no API: the key is only where it is needed.
+    assert (f"VLLM_API_KEY={key}" in env.content_string) == (spark.endpoint.role != "worker")
     assert key not in spark.host.file(UNIT_FILE).content_string
     assert key not in spark.host.check_output("ps -eo args")
     assert key not in spark.host.check_output("cat /etc/systemd/system/sparkfleet-health.* /etc/sparkfleet/health.json")
 
 
 def test_unit_active_and_enabled(spark: Spark) -> None:
-    _serving(spark)
+    _running(spark)
     service = spark.host.service(f"{UNIT}.service")
     assert service.is_running and service.is_enabled
 
 
 def test_container_runs_recipe_flags(spark: Spark) -> None:
-    _serving(spark)
+    _running(spark)
     args = json.loads(spark.host.check_output(f"docker inspect -f '{{{{json .Args}}}}' {CONTAINER}"))
     for name, value in spark.endpoint.args.items():
         assert f"--{name}" in args or (value is False and f"--no-{name}" in args), name
@@ -127,7 +139,7 @@ def test_container_runs_recipe_flags(spark: Spark) -> None:
 
 
 def test_health_timer_active_with_passing_run(spark: Spark) -> None:
-    _serving(spark)
+    _running(spark)
     assert spark.host.service("sparkfleet-health.timer").is_running
     result = spark.host.check_output("systemctl show sparkfleet-health.service -p Result --value")
     assert result == "success"
