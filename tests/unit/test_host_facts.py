@@ -16,6 +16,7 @@ from typing import Any
 import jinja2
 import pytest
 
+from sparkfleet import doctor
 from sparkfleet.config import SparkConfig
 from sparkfleet.deploys.context import TEMPLATES
 from sparkfleet.deploys.state import state_query
@@ -459,3 +460,21 @@ def test_the_deploys_query_is_answered_and_a_broken_probe_is_named(tmp_path: Pat
     assert HostState(facts).problem.startswith("could not read files on the host (PermissionError: [Errno 13] "
                                                "Permission denied: ")
 
+
+def test_a_pair_hosts_query_reads_the_pair_and_only_doctor_tries_the_master_port(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A deploy's query on a pair host asks for the pair probe and never opens a connection; doctor's asks a worker
+    to try its head's master port."""
+    fake_run(monkeypatch, lambda argv: (1, "", 'Device "enp1s0f0np0" does not exist.\n') if argv[0] == "ip" else None)
+    tried: list[tuple[str, int]] = []
+    monkeypatch.setattr(host_facts, "reach", lambda address, port: tried.append((address, port)) or "refused")
+    pair = {"name": "pair-a", "head": "pair-01", "interface": "enp1s0f0np0", "master_addr": "192.168.100.10"}
+    worker = resolved(resolve("pair-02", SparkConfig(model_source="http://mirror.lan/models/qwen",
+                                                     model_dir=str(tmp_path / "models"), pair=pair)))
+    deploys = json.loads(json.dumps({**preflight_query(worker), "state": state_query(worker).as_dict()}))
+    facts = host_facts.gather(deploys)
+    assert facts["pair"]["fabric"] == {"exists": False, "error": 'Device "enp1s0f0np0" does not exist.'}
+    assert "master_reach" not in facts and tried == []
+    assert "pair" not in facts["probe_errors"]
+    facts = host_facts.gather(json.loads(json.dumps(preflight_query(worker) | doctor.master_query(worker))))
+    assert facts["master_reach"] == "refused" and tried == [("192.168.100.10", 29500)]
