@@ -2,8 +2,9 @@
 
 The inventory is loaded exactly as the pyinfra CLI loads it (group data, `--data` overrides, `--limit`), so
 doctor judges the hosts and values a deploy would use. Hosts whose inventory is bad are reported without a
-connection; the others are reached over SSH and read once (SparkFacts). A gateway (group `gateways`) is judged on
-its variables and the Sparks it would route, and reached over SSH.
+connection; the others are reached over SSH and read once (SparkFacts). A pair is judged as one: targeting either
+host reads both, the pair's inventory rules and the checks across its hosts (pair_checks) show on both. A gateway
+(group `gateways`) is judged on its variables and the Sparks it would route, and reached over SSH.
 """
 
 from __future__ import annotations
@@ -18,16 +19,16 @@ from pyinfra.api import Host, State
 from pyinfra.api.facts import get_fact
 from rich.console import Console
 
-from sparkfleet import rules, tables
+from sparkfleet import pair_checks, pairs, rules, tables
 from sparkfleet.endpoint import Endpoint
 from sparkfleet.fleet import GATEWAYS, FleetError, load_endpoint, load_inventory, with_weights
 from sparkfleet.generations import SourceError
 from sparkfleet.memory import SPARK_MEMORY_BYTES, budget, explain
 from sparkfleet.preflight import (
-    HOST_CHECKS,
     Facts,
     SparkFacts,
     checkpoint_size,
+    host_checks,
     host_findings,
     host_summary,
     preflight_query,
@@ -41,6 +42,9 @@ COLOURS = {"ok": "green", "warning": "yellow", "error": "bold red"}
 HOST_FIELDS = {"host.arch": "vllm_image", "host.os": "host", "host.docker": "host", "host.gpu": "host",
                "host.memory": "vllm_args.gpu-memory-utilization", "host.disk": "model_dir", "host.port": "vllm_port",
                "host.dropin": "host"}
+# The same for the checks a pair's hosts add: their own fabric interface, then those across both.
+PAIR_FIELDS = {"host.fabric": "pair.interface", "pair.image": "vllm_image", "pair.weights": "model_source",
+               "pair.master": "pair.master_port"}
 _FIELD = re.compile(r"^`([^`]+)`")
 
 
@@ -121,18 +125,27 @@ def host_rows(endpoint: Endpoint, facts: Facts) -> list[Row]:
     findings = host_findings(endpoint, facts, size)
     summary = host_summary(endpoint, facts, size)
     rows = []
-    for check in HOST_CHECKS:
+    checks = host_checks(endpoint)
+    for check in checks:
         mine = [Row.of(f) for f in findings if f.rule == check]
-        rows += mine or [Row(check, "ok", HOST_FIELDS.get(check, "host"), summary[check])]
-    return rows + [Row.of(f) for f in findings if f.rule not in HOST_CHECKS]
+        rows += mine or [Row(check, "ok", HOST_FIELDS.get(check) or PAIR_FIELDS[check], summary[check])]
+    return rows + [Row.of(f) for f in findings if f.rule not in checks]
+
+
+def master_query(endpoint: Endpoint) -> dict[str, object]:
+    """A pair's worker tries its head's master port (doctor's query only: a deploy never opens connections)."""
+    pair = endpoint.config.pair
+    if pair is None or endpoint.role != "worker":
+        return {}
+    return {"master": {"address": pair.master_addr, "port": pair.master_port}}
 
 
 def read_host(state: State, host: Host, endpoint: Endpoint) -> Facts | str:
     """SparkFacts of one host, or why it could not be read (the message of `host.unreachable`)."""
     try:
         with connected(host):
-            facts = get_fact(state, host, SparkFacts, kwargs={"query": json.dumps(preflight_query(endpoint))},
-                             apply_failed_hosts=False)
+            query = json.dumps(preflight_query(endpoint) | master_query(endpoint))
+            facts = get_fact(state, host, SparkFacts, kwargs={"query": query}, apply_failed_hosts=False)
     except SSH_ERRORS as error:
         return f"{cannot_connect(error)}: check ssh_hostname, ssh_user, keys"
     if facts is None:
@@ -162,9 +175,57 @@ def gateway_rows(state: State, host: Host) -> list[Row]:
     return rows
 
 
+def pair_inventory_rows(reports: dict[str, HostReport], data: dict[str, dict[str, object]]) -> set[str | None]:
+    """The pair rules of the inventory (two hosts, one mapping, one model, one weights generation: pairs.py, as a
+    deploy judges them) as rows on every host an error names; returns the pairs that broke one, or that have a host
+    whose own variables are bad (their facts are not compared: the inventory is fixed first)."""
+    sparks = {name: report.endpoint for name, report in reports.items() if report.endpoint is not None}
+    bad = {pairs.raw_name(data[name]) for name in reports if name not in sparks} - {None}
+    for error in pairs.problems(sparks, skip=bad) + pairs.weights_problems(sparks):
+        names, _, message = error.partition(": ")
+        for name in names.split(", "):
+            reports[name].rows.append(inventory_row(name, message))
+            bad.add(pairs.raw_name(data[name]))
+    return bad
+
+
+def pair_rows(reports: dict[str, HostReport], bad: set[str | None]) -> None:
+    """The checks across each pair's two hosts (pair_checks), the same rows on both; a pair with one host unread
+    is not compared, and its other host says so."""
+    sparks = {name: report.endpoint for name, report in reports.items() if report.endpoint is not None}
+    for pair, names in pairs.members(sparks).items():
+        if pair in bad or len(names) != 2:
+            continue
+        first, second = (reports[name] for name in names)
+        head, worker = (first, second) if first.endpoint.role == "head" else (second, first)  # type: ignore[union-attr]
+        if head.facts is None or worker.facts is None:
+            for report, other in ((head, worker), (worker, head)):
+                if report.facts is not None:
+                    report.rows.append(Row("pair", "warning", "pair", f"{pair}: {other.host} could not be read, so the "
+                                           "pair was not compared (image, weights, master port): fix that first"))
+            continue
+        read = pair_checks.PairFacts(head.endpoint, head.facts, worker.endpoint, worker.facts)  # type: ignore[arg-type]
+        found, seen = pair_checks.findings(read), pair_checks.summary(read)
+        rows: list[Row] = []
+        for check in pair_checks.CHECKS:
+            rows += [Row.of(f) for f in found if f.rule == check] or [
+                Row(check, "ok", PAIR_FIELDS[check], f"{pair}: {seen[check]}")]
+        head.rows += rows
+        worker.rows += rows
+
+
+def targets(state: State, targeted: list[Host]) -> list[Host]:
+    """The targeted hosts and the other host of every targeted pair, in inventory order: a pair is judged as one."""
+    sparks = {host.name: host.data.dict() for host in state.inventory if GATEWAYS not in host.groups}
+    wanted = set(pairs.partners(sparks, [host.name for host in targeted if host.name in sparks]))
+    return [host for host in state.inventory if host.name in wanted or (host in targeted and host.name not in sparks)]
+
+
 def diagnose(inventory: str, limits: Iterable[str] = (), data: Iterable[str] = ()) -> list[HostReport]:
-    """Every targeted host's report; hosts with a bad inventory are never connected to."""
-    state, hosts = load_hosts(inventory, limits, data)
+    """Every targeted host's report (with the other host of a targeted pair); hosts with a bad inventory are never
+    connected to."""
+    state, targeted = load_hosts(inventory, limits, data)
+    hosts = targets(state, targeted)
     reports: dict[Host, HostReport] = {}
     gateways = [host for host in hosts if GATEWAYS in host.groups]
     for host, rows in zip(gateways, each(state, gateways, lambda host: gateway_rows(state, host)), strict=True):
@@ -174,6 +235,8 @@ def diagnose(inventory: str, limits: Iterable[str] = (), data: Iterable[str] = (
             continue
         endpoint, rows = recipe_rows(host.name, host.data.dict())
         reports[host] = HostReport(host.name, rows, endpoint)
+    sparks = {host.name: report for host, report in reports.items() if host not in gateways}
+    bad = pair_inventory_rows(sparks, {host.name: host.data.dict() for host in hosts})
     reachable = [host for host, report in reports.items() if report.endpoint is not None]
     read = each(state, reachable, lambda host: read_host(state, host, reports[host].endpoint))  # type: ignore[arg-type]
     for host, facts in zip(reachable, read, strict=True):
@@ -184,6 +247,7 @@ def diagnose(inventory: str, limits: Iterable[str] = (), data: Iterable[str] = (
         report.facts = facts
         report.rows = [row for row in report.rows if row.rule not in NOMINAL_MEMORY_RULES]
         report.rows += host_rows(report.endpoint, facts)  # type: ignore[arg-type]  (reachable: endpoint set)
+    pair_rows(sparks, bad)
     return [reports[host] for host in hosts]
 
 

@@ -7,6 +7,7 @@ messages naming the fix. `deploy.py` refuses a host with an error before its fir
 
 from __future__ import annotations
 
+import ipaddress
 import shlex
 from collections.abc import Iterator
 from dataclasses import replace
@@ -15,7 +16,7 @@ from typing import Any
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
-from sparkfleet.endpoint import CONTAINER, DAEMON_JSON, UNIT, Endpoint
+from sparkfleet.endpoint import CONTAINER, DAEMON_JSON, MANIFEST, UNIT, UNIT_FILE, Endpoint
 from sparkfleet.facts import json_object
 from sparkfleet.memory import budget, gb
 from sparkfleet.rules import Finding, memory_budget_for
@@ -45,6 +46,7 @@ FLAG_KEYS = {
 # Checks that always run, in report order; the others (power, temperature, ...) appear only when they fire.
 HOST_CHECKS = ("host.arch", "host.os", "host.docker", "host.gpu", "host.memory", "host.disk", "host.port",
                "host.dropin")
+PAIR_CHECKS = ("host.fabric",)  # always run on a pair's hosts too
 
 Facts = dict[str, Any]
 
@@ -66,9 +68,20 @@ class SparkFacts(FactBase):
 
 
 def preflight_query(endpoint: Endpoint) -> dict[str, Any]:
-    """What the preflight's probes need to know about the endpoint (SparkFacts' query, without "state")."""
-    return {"weights_dir": endpoint.weights_dir, "port": endpoint.config.vllm_port, "unit": f"{UNIT}.service",
-            "container": CONTAINER, "daemon_json": DAEMON_JSON}
+    """What the preflight's probes need to know about the endpoint (SparkFacts' query, without "state"); a pair's
+    host is also asked about its fabric interface (judged here), image and weights (doctor compares those across
+    the pair)."""
+    query: dict[str, Any] = {"weights_dir": endpoint.weights_dir, "port": endpoint.config.vllm_port,
+                             "unit": f"{UNIT}.service", "container": CONTAINER, "daemon_json": DAEMON_JSON}
+    if endpoint.config.pair is not None:
+        query["pair"] = {"interface": endpoint.config.pair.interface, "image": endpoint.image, "unit_file": UNIT_FILE,
+                         "manifest": f"{endpoint.weights_dir}/{MANIFEST}"}
+    return query
+
+
+def host_checks(endpoint: Endpoint) -> tuple[str, ...]:
+    """The checks that always run on this host, in report order."""
+    return HOST_CHECKS + (PAIR_CHECKS if endpoint.config.pair is not None else ())
 
 
 def _exec_starts(text: str) -> Iterator[str]:
@@ -277,6 +290,47 @@ def _dropins(endpoint: Endpoint, facts: Facts) -> Iterator[Finding]:
                               f"in daemon.json (deepops #305): `{key}` {where}; remove one")
 
 
+def fabric(facts: Facts) -> dict[str, Any] | None:
+    """The pair probe's reading of the fabric interface (None when not asked or not read)."""
+    pair = facts.get("pair")
+    return pair.get("fabric") if isinstance(pair, dict) else None
+
+
+def _has_address(addresses: list[str], address: str) -> bool:
+    """Whether `address` is one of the interface's `addr/prefix` addresses."""
+    wanted = ipaddress.ip_address(address)
+    return any(ipaddress.ip_interface(found).ip == wanted for found in addresses)
+
+
+def _fabric(endpoint: Endpoint, facts: Facts) -> Iterator[Finding]:
+    """A pair's fabric interface exists, is up with a carrier and an address; the head holds master_addr."""
+    pair, found = endpoint.config.pair, fabric(facts)
+    if pair is None or found is None:
+        return
+    name, field = pair.interface, "pair.interface"
+    if found["exists"] is None:
+        yield Finding("host.fabric", "warning", field, f"could not read interface {name} ({found['error']}); its "
+                      "checks were skipped")
+    elif not found["exists"]:
+        yield Finding("host.fabric", "error", field,
+                      f"there is no interface {name} on this host: NCCL, Gloo and vLLM's sockets of pair {pair.name} "
+                      "are pinned to it; name the ConnectX-7 port `ip -br link` lists (enp1s0f0np0 ...)")
+    elif "UP" not in found["flags"]:
+        yield Finding("host.fabric", "error", field, f"{name} is down (not brought up): bring it up "
+                      f"(`ip link set {name} up`, and in netplan so it stays up across boots)")
+    elif "LOWER_UP" not in found["flags"]:
+        yield Finding("host.fabric", "error", field, f"{name} is up but has no carrier ({found['operstate']}): check "
+                      f"the QSFP cable between the two Sparks of pair {pair.name}")
+    elif not found["addresses"]:
+        yield Finding("host.fabric", "error", field, f"{name} has no address: give both Sparks of pair {pair.name} "
+                      f"an address in one subnet on it (netplan), the head's being master_addr {pair.master_addr}")
+    elif endpoint.role == "head" and not _has_address(found["addresses"], pair.master_addr):
+        yield Finding("host.fabric", "error", "pair.master_addr",
+                      f"{pair.master_addr} is not an address of this head's {name} (it has "
+                      f"{', '.join(found['addresses'])}): the worker connects to master_addr; set `pair.master_addr` "
+                      f"to the head's address on {name}, or add it there")
+
+
 def host_findings(endpoint: Endpoint, facts: Facts, checkpoint_bytes: int | None = None) -> list[Finding]:
     """Every host finding for `endpoint` on a host with `facts` (SparkFacts); `checkpoint_bytes` defaults
     to the recipe's (pass `checkpoint_size(endpoint)`)."""
@@ -284,7 +338,7 @@ def host_findings(endpoint: Endpoint, facts: Facts, checkpoint_bytes: int | None
     return [
         *_probe_errors(facts), *_platform(endpoint, facts), *_docker(facts), *_gpu(endpoint, facts),
         *_memory(endpoint, facts), *_disk(endpoint, facts, size), *_port(endpoint, facts),
-        *_dropins(endpoint, facts),
+        *_dropins(endpoint, facts), *_fabric(endpoint, facts),
     ]
 
 
@@ -297,7 +351,8 @@ def _budget_line(endpoint: Endpoint, facts: Facts) -> str:
     except (TypeError, ValueError):
         return f"{gb(total)} MemTotal"
     now = f", {gb(available)} available now" if available is not None else ""
-    return (f"budget {gb(found.total)} fits in {found.gpu_memory_utilization:g} x {gb(total)} MemTotal{now}")
+    share = f" (this Spark's share of the model split across {found.split})" if found.split > 1 else ""
+    return f"budget {gb(found.total)}{share} fits in {found.gpu_memory_utilization:g} x {gb(total)} MemTotal{now}"
 
 
 def host_summary(endpoint: Endpoint, facts: Facts, checkpoint_bytes: int) -> dict[str, str]:
@@ -315,4 +370,15 @@ def host_summary(endpoint: Endpoint, facts: Facts, checkpoint_bytes: int) -> dic
                      f"staged; the weights need {gb(disk_needed(checkpoint_bytes))} with margin",
         "host.port": f"port {port} is served by {UNIT}" if facts.get("port_listener") else f"port {port} is free",
         "host.dropin": "no docker.service.d flag collides with a daemon.json key",
+        "host.fabric": _fabric_line(endpoint, facts),
     }
+
+
+def _fabric_line(endpoint: Endpoint, facts: Facts) -> str:
+    pair, found = endpoint.config.pair, fabric(facts) or {}
+    if pair is None:
+        return "not in a pair"
+    if not found.get("exists"):
+        return f"{pair.interface} was not read (host.facts says why)"
+    head = f"; master_addr {pair.master_addr} is this head's" if endpoint.role == "head" else ""
+    return f"{pair.interface} is up with {', '.join(found['addresses'])}{head}"

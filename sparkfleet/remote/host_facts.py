@@ -4,9 +4,10 @@
 The controller sends this file's text as `python3 -c SOURCE QUERY_JSON`: nothing is installed on the host, and a
 converged host answers a whole deploy in one SSH round trip. The query names the preflight's inputs (weights
 directory, port, unit, container) and, under "state", what the deploy's operations compare against: files,
-units, daemon.json, packages, the image, the weights (facts.StateQuery builds it). Stdlib only: it runs on DGX
-OS's bare python3. Each probe reports null (and its error under `probe_errors`) rather than failing: the
-controller decides what a missing value means.
+units, daemon.json, packages, the image, the weights (facts.StateQuery builds it). A pair's host is also asked
+about its fabric interface, image and weights ("pair"); only doctor asks a worker to try the head's master port
+("master"): a deploy never opens connections. Stdlib only: it runs on DGX OS's bare python3. Each probe reports
+null (and its error under `probe_errors`) rather than failing: the controller decides what a missing value means.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import platform
 import pwd
 import re
 import shutil
+import socket
 import stat
 import subprocess
 import sys
@@ -33,6 +35,7 @@ TIMEOUT = 20  # seconds: a wedged driver can hang nvidia-smi for minutes
 _USERS = re.compile(r'users:\(\("([^"]+)",pid=(\d+)')
 TCP_LISTEN = "0A"
 DOCKERD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # dockerd's PATH under systemd
+CONNECT_TIMEOUT = 2.0  # seconds for the worker's test connection to the head's master port
 
 
 def run(*argv: str, timeout: float | None = TIMEOUT) -> tuple[int | None, str, str] | None:
@@ -187,6 +190,64 @@ def daemon_json_keys(path: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         return {"daemon_json_keys": [], "daemon_json_error": "the top level is not an object"}
     return {"daemon_json_keys": sorted(data), "daemon_json_error": None}
+
+
+# --- a pair's host: what doctor compares across the two ------------------------------------------------
+
+
+def fabric(interface: str) -> dict[str, Any]:
+    """The fabric interface as `ip -j addr show dev IFACE` reports it: {"exists": False} when there is no such
+    interface (an answer, not an error), None when it could not be asked; else `link`'s reading."""
+    result = run("ip", "-j", "addr", "show", "dev", interface)
+    if result is None or result[0] is None:
+        return {"exists": None, "error": result[2] if result else "ip (iproute2) is not installed"}
+    code, out, err = result
+    if code != 0:
+        exists = False if "does not exist" in err else None
+        return {"exists": exists, "error": first_line(err, out) or f"exit code {code}"}
+    return link(out)
+
+
+def link(output: str) -> dict[str, Any]:
+    """An interface's flags, operstate and addresses (`addr/prefix`) from `ip -j addr show dev IFACE`; IPv6
+    link-local addresses are left out: NCCL and vLLM's rendezvous do not use them."""
+    links = json.loads(output or "[]")
+    if not links:
+        return {"exists": False, "error": None}
+    found = links[0]
+    addresses = [f"{entry['local']}/{entry['prefixlen']}" for entry in found.get("addr_info", [])
+                 if not (entry.get("family") == "inet6" and entry.get("scope") == "link")]
+    return {"exists": True, "error": None, "flags": found.get("flags", []), "operstate": found.get("operstate"),
+            "addresses": addresses}
+
+
+def mounted_weights(unit_file: str) -> str | None:
+    """The weights directory the installed unit mounts (its generation is the directory's name); None without a
+    unit."""
+    text = Path(unit_file).read_text() if Path(unit_file).is_file() else ""
+    found = re.search(r"--volume (\S+?):", text)
+    return found.group(1) if found else None
+
+
+def pair_facts(query: dict[str, Any]) -> dict[str, Any]:
+    """What doctor compares across a pair's two hosts: the fabric interface, the image's id, the weights the unit
+    mounts and whether the wanted generation is staged."""
+    return {"fabric": fabric(query["interface"]), "image_id": image_id(query["image"]),
+            "mounted": mounted_weights(query["unit_file"]), "staged": Path(query["manifest"]).is_file()}
+
+
+def reach(address: str, port: int) -> str:
+    """Whether a TCP connection to address:port opens within CONNECT_TIMEOUT (closed at once, nothing sent):
+    "ok", "refused", "timed out", or why not (no route to host, ...)."""
+    try:
+        with socket.create_connection((address, port), timeout=CONNECT_TIMEOUT):
+            return "ok"
+    except ConnectionRefusedError:
+        return "refused"
+    except TimeoutError:
+        return "timed out"
+    except OSError as error:
+        return (error.strerror or str(error)).lower()
 
 
 # --- what the deploy's operations compare against ---------------------------------------------------------
@@ -402,6 +463,10 @@ def gather(query: dict[str, Any]) -> dict[str, Any]:
         "endpoint_state": lambda: unit_state(query["unit"]), "dropin_texts": dropins,
         "daemon": lambda: daemon_json_keys(query["daemon_json"]),
     }
+    if "pair" in query:  # a pair's host
+        probes["pair"] = lambda: pair_facts(query["pair"])
+    if "master" in query:  # doctor on a pair's worker only: a deploy never opens connections
+        probes["master_reach"] = lambda: reach(query["master"]["address"], query["master"]["port"])
     state = query.get("state")
     if state is not None:
         probes.update({f"state.{name}": probe for name, probe in deploy_state({**query, **state}).items()

@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import pwd
+import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 import jinja2
 import pytest
 
+from sparkfleet import doctor
 from sparkfleet.config import SparkConfig
 from sparkfleet.deploys.context import TEMPLATES
 from sparkfleet.deploys.state import state_query
@@ -334,6 +336,105 @@ def test_login_user_is_the_ssh_user_under_sudo(monkeypatch: pytest.MonkeyPatch) 
     assert host_facts.login_user() == pwd.getpwuid(os.getuid()).pw_name
 
 
+# --- a pair's host ------------------------------------------------------------------------------------------
+
+# `ip -j addr show dev IFACE` (iproute2 6.1), one JSON line each: a cabled ConnectX-7 port with a static address
+# (its IPv6 link-local address comes by itself); the same port without its cable (NO-CARRIER, operstate DOWN);
+# one never brought up; and one brought up without an address.
+IP_CABLED = (
+    '[{"ifindex":4,"ifname":"enp1s0f0np0","flags":["BROADCAST","MULTICAST","UP","LOWER_UP"],"mtu":9000,'
+    '"qdisc":"mq","operstate":"UP","group":"default","txqlen":1000,"link_type":"ether","address":"4c:bb:47:2c:a1:10",'
+    '"broadcast":"ff:ff:ff:ff:ff:ff","addr_info":[{"family":"inet","local":"192.168.100.10","prefixlen":24,'
+    '"broadcast":"192.168.100.255","scope":"global","label":"enp1s0f0np0","valid_life_time":4294967295,'
+    '"preferred_life_time":4294967295},{"family":"inet6","local":"fe80::4ebb:47ff:fe2c:a110","prefixlen":64,'
+    '"scope":"link","valid_life_time":4294967295,"preferred_life_time":4294967295}]}]\n')
+IP_NO_CARRIER = (
+    '[{"ifindex":4,"ifname":"enp1s0f0np0","flags":["NO-CARRIER","BROADCAST","MULTICAST","UP"],"mtu":9000,'
+    '"qdisc":"mq","operstate":"DOWN","group":"default","txqlen":1000,"link_type":"ether",'
+    '"address":"4c:bb:47:2c:a1:10","broadcast":"ff:ff:ff:ff:ff:ff","addr_info":[{"family":"inet",'
+    '"local":"192.168.100.10","prefixlen":24,"broadcast":"192.168.100.255","scope":"global","label":"enp1s0f0np0",'
+    '"valid_life_time":4294967295,"preferred_life_time":4294967295}]}]\n')
+IP_DOWN = (
+    '[{"ifindex":4,"ifname":"enp1s0f0np0","flags":["BROADCAST","MULTICAST"],"mtu":1500,"qdisc":"noop",'
+    '"operstate":"DOWN","group":"default","txqlen":1000,"link_type":"ether","address":"4c:bb:47:2c:a1:10",'
+    '"broadcast":"ff:ff:ff:ff:ff:ff","addr_info":[]}]\n')
+IP_NO_ADDRESS = (
+    '[{"ifindex":4,"ifname":"enp1s0f0np0","flags":["BROADCAST","MULTICAST","UP","LOWER_UP"],"mtu":9000,'
+    '"qdisc":"mq","operstate":"UP","group":"default","txqlen":1000,"link_type":"ether","address":"4c:bb:47:2c:a1:10",'
+    '"broadcast":"ff:ff:ff:ff:ff:ff","addr_info":[{"family":"inet6","local":"fe80::4ebb:47ff:fe2c:a110",'
+    '"prefixlen":64,"scope":"link","valid_life_time":4294967295,"preferred_life_time":4294967295}]}]\n')
+UP = ["BROADCAST", "MULTICAST", "UP", "LOWER_UP"]
+
+
+@pytest.mark.parametrize(("result", "found"), [
+    ((0, IP_CABLED, ""), {"exists": True, "error": None, "flags": UP, "operstate": "UP",
+                          "addresses": ["192.168.100.10/24"]}),
+    ((0, IP_NO_CARRIER, ""), {"exists": True, "error": None, "flags": ["NO-CARRIER", "BROADCAST", "MULTICAST", "UP"],
+                              "operstate": "DOWN", "addresses": ["192.168.100.10/24"]}),
+    ((0, IP_DOWN, ""), {"exists": True, "error": None, "flags": ["BROADCAST", "MULTICAST"], "operstate": "DOWN",
+                        "addresses": []}),
+    ((0, IP_NO_ADDRESS, ""), {"exists": True, "error": None, "flags": UP, "operstate": "UP", "addresses": []}),
+    ((1, "", 'Device "enp1s0f0np0" does not exist.\n'),
+     {"exists": False, "error": 'Device "enp1s0f0np0" does not exist.'}),
+    ((255, "", "RTNETLINK answers: Operation not permitted\n"),
+     {"exists": None, "error": "RTNETLINK answers: Operation not permitted"}),
+    (None, {"exists": None, "error": "ip (iproute2) is not installed"}),
+])
+def test_fabric_reads_the_interface_and_a_missing_one_is_an_answer(monkeypatch: pytest.MonkeyPatch, result: Result,
+                                                                   found: dict[str, Any]) -> None:
+    calls = fake_run(monkeypatch, lambda argv: result)
+    assert host_facts.fabric("enp1s0f0np0") == found
+    assert calls[0]["argv"] == ("ip", "-j", "addr", "show", "dev", "enp1s0f0np0")
+
+
+def test_fabric_reads_this_machines_loopback() -> None:
+    """`ip` for real, where it is installed: the loopback interface and one that is not there."""
+    if host_facts.run("ip", "-V") is None:
+        pytest.skip("no iproute2 here")
+    loopback = host_facts.fabric("lo")
+    assert loopback["exists"] is True and "127.0.0.1/8" in loopback["addresses"] and "UP" in loopback["flags"]
+    assert host_facts.fabric("sparkfleet0")["exists"] is False
+
+
+def test_pair_facts_read_the_rendered_units_mount_and_the_staged_manifest(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The generation a pair host's unit mounts, in the form the deploy renders it; staged once the manifest is."""
+    pair = {"name": "pair-a", "head": "pair-01", "interface": "enp1s0f0np0", "master_addr": "192.168.100.10"}
+    spark = resolved(resolve("pair-02", SparkConfig(model_dir=str(tmp_path / "models"), pair=pair)))
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+    unit = tmp_path / "sparkfleet-vllm.service"
+    query = {**preflight_query(spark)["pair"], "unit_file": str(unit)}
+    fake_run(monkeypatch, lambda argv: (0, IP_CABLED, "") if argv[0] == "ip" else (0, "sha256:3b2f8e5c\n", ""))
+    assert host_facts.pair_facts(query) == {"fabric": host_facts.fabric("enp1s0f0np0"), "image_id": "sha256:3b2f8e5c",
+                                            "mounted": None, "staged": False}
+    unit.write_text(env.from_string((TEMPLATES / "vllm" / "sparkfleet-vllm.service.j2").read_text()).render(
+        spark=UnitView.of(spark)))
+    Path(spark.weights_dir).mkdir(parents=True)
+    Path(query["manifest"]).write_text("{}")
+    found = host_facts.pair_facts(query)
+    assert (found["mounted"], found["staged"]) == (spark.weights_dir, True)
+
+
+def test_reach_says_ok_refused_or_why_not(monkeypatch: pytest.MonkeyPatch) -> None:
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        assert host_facts.reach("127.0.0.1", port) == "ok"
+    assert host_facts.reach("127.0.0.1", port) == "refused"  # closed now
+
+    def failing(error: OSError) -> Callable[..., socket.socket]:
+        def connect(address: tuple[str, int], timeout: float) -> socket.socket:
+            assert timeout == host_facts.CONNECT_TIMEOUT == 2.0
+            raise error
+        return connect
+
+    monkeypatch.setattr(socket, "create_connection", failing(TimeoutError("timed out")))
+    assert host_facts.reach("192.168.100.10", 29500) == "timed out"
+    monkeypatch.setattr(socket, "create_connection", failing(OSError(113, "No route to host")))
+    assert host_facts.reach("192.168.100.10", 29500) == "no route to host"
+
+
 # --- the whole query ----------------------------------------------------------------------------------------
 
 
@@ -358,3 +459,22 @@ def test_the_deploys_query_is_answered_and_a_broken_probe_is_named(tmp_path: Pat
     assert "files" not in facts["state"] and "units" in facts["state"]
     assert HostState(facts).problem.startswith("could not read files on the host (PermissionError: [Errno 13] "
                                                "Permission denied: ")
+
+
+def test_a_pair_hosts_query_reads_the_pair_and_only_doctor_tries_the_master_port(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A deploy's query on a pair host asks for the pair probe and never opens a connection; doctor's asks a worker
+    to try its head's master port."""
+    fake_run(monkeypatch, lambda argv: (1, "", 'Device "enp1s0f0np0" does not exist.\n') if argv[0] == "ip" else None)
+    tried: list[tuple[str, int]] = []
+    monkeypatch.setattr(host_facts, "reach", lambda address, port: tried.append((address, port)) or "refused")
+    pair = {"name": "pair-a", "head": "pair-01", "interface": "enp1s0f0np0", "master_addr": "192.168.100.10"}
+    worker = resolved(resolve("pair-02", SparkConfig(model_source="http://mirror.lan/models/qwen",
+                                                     model_dir=str(tmp_path / "models"), pair=pair)))
+    deploys = json.loads(json.dumps({**preflight_query(worker), "state": state_query(worker).as_dict()}))
+    facts = host_facts.gather(deploys)
+    assert facts["pair"]["fabric"] == {"exists": False, "error": 'Device "enp1s0f0np0" does not exist.'}
+    assert "master_reach" not in facts and tried == []
+    assert "pair" not in facts["probe_errors"]
+    facts = host_facts.gather(json.loads(json.dumps(preflight_query(worker) | doctor.master_query(worker))))
+    assert facts["master_reach"] == "refused" and tried == [("192.168.100.10", 29500)]
