@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
 import time
 import urllib.error
@@ -205,3 +206,18 @@ def test_rejects_what_vllm_rejects_across_nodes(data_dir: Path, model_dir: Path,
     result = run_to_exit(data_dir, model_dir, *flags)
     assert result.returncode == code, result.stdout + result.stderr
     assert expected in result.stderr
+
+
+def test_a_port_probe_is_not_a_worker_and_the_store_keeps_its_port(node: Pair) -> None:
+    """doctor connects to the master port and closes at once: the head neither takes it for its worker nor dies
+    of it, and its store keeps listening once the pair is up, as torch's TCPStore does."""
+    master = free_port()
+    head = node(0, master)
+    head.wait_for_log("DP group leader: node_rank=0")
+    socket.create_connection(("127.0.0.1", master), timeout=2).close()
+    node(1, master)
+    head.wait_ready(timeout=30)
+    socket.create_connection(("127.0.0.1", master), timeout=2).close()
+    time.sleep(HEARTBEAT * 3)
+    status, _ = http(head.port, "/health")
+    assert status == 200 and head.proc.poll() is None

@@ -1304,6 +1304,7 @@ def hold_connections(sock: socket.socket) -> NoReturn:
 # ------------------------------------------------------------------------------------------- multi-node
 
 HEARTBEAT_MISSES = 5
+HELLO_SECONDS = 10  # a worker says hello at once; a connection silent this long is a port probe
 GLOO_PAIR = "/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:534"
 
 
@@ -1460,7 +1461,6 @@ def accept_worker(topo: Topology) -> Link:
     while True:
         try:
             conn, _ = listener.accept()
-            break
         except TimeoutError:
             waited += poll
             if os.environ.get("VLLM_LOGGING_LEVEL", "").upper() == "DEBUG":
@@ -1469,14 +1469,25 @@ def accept_worker(topo: Topology) -> Link:
             if waited >= join_seconds():
                 raise Fatal(f"torch.distributed.DistStoreError: Timed out after {int(waited) + 1} seconds waiting "
                             f"for clients. 1/{topo.world_size} clients joined.", trace("engine", "store")) from None
-    listener.close()
-    link = Link(conn)
-    try:
-        link.receive(join_seconds())  # the worker's hello
-    except PeerLost as lost:
-        startup_peer_lost(lost)
+            continue
+        link = Link(conn)
+        try:
+            link.receive(HELLO_SECONDS)  # the worker's hello
+        except PeerLost:
+            conn.close()  # a port probe (doctor's) connects and says nothing: not a worker joining
+            continue
+        break
+    # torch's TCPStore keeps its port for the engine's life: later connections are accepted, then dropped.
+    threading.Thread(target=drop_connections, args=(listener,), daemon=True).start()
     rank_assigned(Topology(topo.nnodes, 0, topo.world_size, topo.master_addr, topo.master_port, False))
     return link
+
+
+def drop_connections(listener: socket.socket) -> None:
+    listener.settimeout(None)
+    while True:
+        conn, _ = listener.accept()
+        conn.close()
 
 
 def connect_head(topo: Topology) -> Link:
