@@ -368,8 +368,10 @@ def weights_staged(script: str, dest: str, sums_file: str, verify: str, fetch: F
     if source.kind == "mirror":
         yield peer + shlex.join([*stage, "--base-url", source.url or ""])
     elif source.kind == "hub":
+        # A repair asks the Hub for the files that failed the check only, not the whole generation again.
+        files = result.get("stale_files", []) if result["state"] == "stale" else []
         download = ["docker", "run", "--rm", "--network", "host", "--env-file", fetch.hub_env, "--volume",
-                    f"{staging}:/stage", "--entrypoint", "hf", fetch.image, "download", source.repo or "",
+                    f"{staging}:/stage", "--entrypoint", "hf", fetch.image, "download", source.repo or "", *files,
                     "--revision", fetch.commit, "--local-dir", "/stage"]
         yield (f"{peer}{{ mkdir -p {shlex.quote(staging)} && {shlex.join(download)} && "
                f"{shlex.join([*stage, '--staged', staging])}; }}")

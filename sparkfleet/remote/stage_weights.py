@@ -285,11 +285,15 @@ def check_state(dest: Path, wanted: Wanted | None, digest: str, full: bool) -> d
         if manifest.source_digest != digest:
             reasons.append(f"source digest {digest} != recorded {manifest.source_digest}")
     expected = wanted.files if wanted else {rel: rec.sha256 for rel, rec in manifest.files.items()}
+    stale = []
     for rel, sha in expected.items():
-        reasons += file_problems(dest, rel, manifest.files.get(rel), sha, full)
+        problems = file_problems(dest, rel, manifest.files.get(rel), sha, full)
+        reasons += problems
+        stale += [rel] if problems else []
     missing = [rel for rel in expected if regular_stat(dest / rel) is None]
     if reasons:
-        return {"state": "stale", "reasons": reasons, "missing": missing}
+        # stale_files: what a repair must bring (the Hub download asks for these files only)
+        return {"state": "stale", "reasons": reasons, "missing": missing, "stale_files": stale}
     total = sum(manifest.files[rel].size for rel in expected)
     return {"state": "ok", "files": len(expected), "bytes": total}
 

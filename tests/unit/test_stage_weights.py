@@ -347,6 +347,7 @@ def test_truncated_file_is_stale_and_only_it_is_refetched(dest: Path, mirror: Mi
     assert state["state"] == "stale"
     assert f"{SHARD2}: size 100 != {len(mirror.files[SHARD2])}" in state["reasons"]
     assert state["missing"] == []
+    assert state["stale_files"] == [SHARD2]
 
     result = staged_ok(dest, mirror)
     assert mirror.gets() == [SHARD2]
@@ -360,7 +361,8 @@ def test_deleted_file_is_missing_and_only_it_is_refetched(dest: Path, mirror: Mi
     (dest / TOKENIZER).unlink()
 
     state = check_url(dest, mirror)
-    assert state == {"state": "stale", "reasons": [f"{TOKENIZER}: missing"], "missing": [TOKENIZER]}
+    assert state == {"state": "stale", "reasons": [f"{TOKENIZER}: missing"], "missing": [TOKENIZER],
+                     "stale_files": [TOKENIZER]}
 
     staged_ok(dest, mirror)
     assert mirror.gets() == [TOKENIZER]
