@@ -78,6 +78,22 @@ def test_a_wiped_fleet_takes_the_model_from_the_hub_about_once(lab: fleet.LabSta
         assert mounted(host) == f"{ROOT}/{main}"
 
 
+def test_a_deleted_shard_is_repaired_from_the_hub_alone(lab: fleet.LabState,
+                                                        hub_hosts: list[fleet.LabHost]) -> None:
+    main = commit(lab, "main")
+    shard = f"{ROOT}/{main}/model-00002-of-00004.safetensors"
+    size = int(on_host(hub_hosts[0].container, f"stat -c %s {shard}"))
+    on_host(hub_hosts[0].container, f"rm {shard}")
+    reset_stats(lab)
+    try:
+        run = converge("spark-01")  # alone in the deploy, it has no peer to copy from: the Hub serves it
+        assert run.changed > 0
+        assert hub_stats(lab)["bytes_served"] == size  # that shard, not the generation
+    finally:
+        converge(*HUB_HOSTS)
+    assert int(on_host(hub_hosts[0].container, f"stat -c %s {shard}")) == size
+
+
 def test_a_failed_rollout_to_a_new_revision_returns_to_the_previous_generation_without_a_download(
         lab: fleet.LabState, hub_hosts: list[fleet.LabHost]) -> None:
     main, nxt = commit(lab, "main"), commit(lab, "next")
