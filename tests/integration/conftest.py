@@ -94,6 +94,13 @@ def on_host(container: str, command: str, check: bool = True) -> str:
     return result.stdout
 
 
+def served_weights(container: str) -> str:
+    """The weights directory (the model's generation) the host's endpoint unit mounts."""
+    unit = on_host(container, "cat /etc/systemd/system/sparkfleet-vllm.service").split()
+    return next(unit[i + 1].split(":")[0] for i, word in enumerate(unit)
+                if word == "--volume" and unit[i + 1].startswith("/var/lib/sparkfleet/models/"))
+
+
 def invocations(hosts: list[fleet.LabHost]) -> dict[str, str]:
     """systemd's InvocationID of each endpoint: it changes on every (re)start, and only then."""
     return {h.name: on_host(h.container, "systemctl show sparkfleet-vllm.service -p InvocationID --value").strip()

@@ -7,16 +7,15 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.integration.conftest import converge, on_host
+from tests.integration.conftest import converge, on_host, served_weights
 from tests.lab import fleet
 
 HOST = "spark-01"
 
-WEIGHTS = "/var/lib/sparkfleet/models/nvidia--Qwen3.6-35B-A3B-NVFP4"
 PRODUCTION = (
     "docker run {detach} --name prodcheck --runtime=nvidia --gpus all --ipc=host --network host "
     "--ulimit memlock=-1 --ulimit stack=67108864 -e VLLM_STANDIN_LOAD_SECONDS=1 "
-    f"-v {WEIGHTS}:/root/model:ro vllm/vllm-openai:v0.28.0 /root/model --host 0.0.0.0 --port 8100 "
+    "-v {weights}:/root/model:ro vllm/vllm-openai:v0.28.0 /root/model --host 0.0.0.0 --port 8100 "
     "--tensor-parallel-size 1 --trust-remote-code --kv-cache-dtype fp8 --attention-backend flashinfer "
     "--moe-backend marlin --gpu-memory-utilization 0.7 --max-model-len 262144 --max-num-seqs 4 "
     "--max-num-batched-tokens 8192 --enable-chunked-prefill --async-scheduling --enable-prefix-caching "
@@ -39,7 +38,8 @@ def spark01(spark01_converged: fleet.LabHost) -> Iterator[fleet.LabHost]:
 
 
 def test_production_command_serves_models(spark01: fleet.LabHost) -> None:
-    on_host(spark01.container, PRODUCTION.format(detach="-d", extra="--tool-call-parser qwen3_xml"))
+    on_host(spark01.container, PRODUCTION.format(detach="-d", extra="--tool-call-parser qwen3_xml",
+                                                   weights=served_weights(spark01.container)))
     models = on_host(spark01.container, "for i in $(seq 60); do curl -sf http://127.0.0.1:8100/v1/models && break; "
                                         "sleep 1; done")
     assert json.loads(models)["data"][0]["id"] == "/root/model"
@@ -50,7 +50,7 @@ def test_production_command_serves_models(spark01: fleet.LabHost) -> None:
     ("--tool-call-parser qwen3_xml --disable-log-requests", "unrecognized arguments: --disable-log-requests"),
 ])
 def test_production_command_rejects_what_vllm_rejects(spark01: fleet.LabHost, extra: str, message: str) -> None:
-    command = PRODUCTION.format(detach="--rm", extra=extra)
+    command = PRODUCTION.format(detach="--rm", extra=extra, weights=served_weights(spark01.container))
     out = on_host(spark01.container, f"{command} 2>&1; echo exit=$?", check=False)
     assert message in out
     assert "exit=0" not in out

@@ -6,11 +6,19 @@ import json
 
 import pytest
 
-from tests.integration.conftest import STANDALONE_FLEET, Run, converge, invocations, limit, on_host, pyinfra
+from tests.integration.conftest import (
+    STANDALONE_FLEET,
+    Run,
+    converge,
+    invocations,
+    limit,
+    on_host,
+    pyinfra,
+    served_weights,
+)
 from tests.lab import LAB_DIR, fleet
 
 HOST = "spark-02"
-WEIGHTS = "/var/lib/sparkfleet/models/nvidia--Qwen3.6-35B-A3B-NVFP4"
 UNIT = "/etc/systemd/system/sparkfleet-vllm.service"
 
 
@@ -26,9 +34,10 @@ def spark02(lab: fleet.LabState, converged: Run) -> fleet.LabHost:
 
 
 def _weights_ok(container: str) -> bool:
-    digest = on_host(container, f"python3 -c \"import json;print(json.load(open('{WEIGHTS}/.sparkfleet-manifest.json'))"
+    weights = served_weights(container)
+    digest = on_host(container, f"python3 -c \"import json;print(json.load(open('{weights}/.sparkfleet-manifest.json'))"
                                 "['source_digest'])\"").strip()
-    out = on_host(container, f"python3 /usr/local/lib/sparkfleet/stage_weights.py check --full --dest {WEIGHTS} "
+    out = on_host(container, f"python3 /usr/local/lib/sparkfleet/stage_weights.py check --full --dest {weights} "
                              f"--digest {digest}")
     return json.loads(out)["state"] == "ok"
 
@@ -48,9 +57,10 @@ def test_removed_runtime_is_restored_and_foreign_keys_survive(spark02: fleet.Lab
 
 
 def test_deleted_and_truncated_shards_are_repaired(spark02: fleet.LabHost) -> None:
+    weights = served_weights(spark02.container)
     try:
-        on_host(spark02.container, f"rm {WEIGHTS}/model-00001-of-00004.safetensors && "
-                                   f"truncate -s 1000 {WEIGHTS}/model-00003-of-00004.safetensors")
+        on_host(spark02.container, f"rm {weights}/model-00001-of-00004.safetensors && "
+                                   f"truncate -s 1000 {weights}/model-00003-of-00004.safetensors")
         assert not _weights_ok(spark02.container)
     finally:
         deploy()  # the repair under test
@@ -58,7 +68,7 @@ def test_deleted_and_truncated_shards_are_repaired(spark02: fleet.LabHost) -> No
 
 
 def test_same_size_corruption_needs_full_verify(spark02: fleet.LabHost) -> None:
-    shard = f"{WEIGHTS}/model-00002-of-00004.safetensors"
+    shard = f"{served_weights(spark02.container)}/model-00002-of-00004.safetensors"
     try:
         on_host(spark02.container, f"t=$(stat -c %y {shard}); printf XXXX | dd of={shard} bs=1 seek=4096 "
                                    f"conv=notrunc 2>/dev/null; touch -d \"$t\" {shard}")

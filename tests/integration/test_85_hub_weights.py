@@ -12,7 +12,7 @@ import urllib.request
 import pytest
 from huggingface_hub import HfApi
 
-from tests.integration.conftest import INVENTORY, PYINFRA, converge, on_host
+from tests.integration.conftest import INVENTORY, PYINFRA, converge, on_host, served_weights
 from tests.lab import REPO, fleet
 
 HUB_HOSTS = ("spark-01", "spark-02")
@@ -35,10 +35,7 @@ def commit(lab: fleet.LabState, revision: str) -> str:
 
 
 def mounted(host: fleet.LabHost) -> str:
-    """The generation directory the endpoint's unit mounts."""
-    unit = on_host(host.container, "cat /etc/systemd/system/sparkfleet-vllm.service").split()
-    return next(unit[i + 1].split(":")[0] for i, word in enumerate(unit) if word == "--volume"
-                and unit[i + 1].startswith(f"{ROOT}/"))
+    return served_weights(host.container)
 
 
 @pytest.fixture(scope="module")
