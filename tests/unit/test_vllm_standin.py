@@ -23,7 +23,6 @@ import yaml
 
 from sparkfleet.vllm_flags import DATA
 from tests.lab.standins.model import generate_checkpoint, shard_name
-from tests.lab.standins.vllm_data import write_image_data
 from tests.lab.standins.vllm_standin import CHOICES_FILE, REPLY_WORDS, ServeArgs, decode_pace, tuned
 
 STANDIN = Path(__file__).parents[1] / "lab" / "standins" / "vllm_standin.py"
@@ -138,20 +137,6 @@ class Standin:
 
 
 Launch = Callable[..., Standin]
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("standin-data")
-    write_image_data(path)
-    return path
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("models") / "Qwen3.6-35B-A3B"
-    generate_checkpoint(path, total_bytes=64 << 10, shards=2)
-    return path
 
 
 @pytest.fixture(scope="module")

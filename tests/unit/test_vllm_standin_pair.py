@@ -15,25 +15,10 @@ from pathlib import Path
 import pytest
 
 from tests.lab.standins.model import generate_checkpoint
-from tests.lab.standins.vllm_data import write_image_data
 from tests.unit.test_vllm_standin import Standin, free_port, http, run_to_exit, standin_argv, standin_env
 
 HEARTBEAT = 0.2  # seconds; a peer silent for five of them is gone
 Pair = Callable[..., Standin]
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("standin-data")
-    write_image_data(path)
-    return path
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("models") / "Qwen3.6-35B-A3B"
-    generate_checkpoint(path, total_bytes=64 << 10, shards=2)
-    return path
 
 
 def node_flags(rank: int, master_port: int) -> list[str]:
