@@ -269,7 +269,7 @@ def _port_is_ours(facts: Facts) -> bool:
 
 def _port(endpoint: Endpoint, facts: Facts) -> Iterator[Finding]:
     listener, port = facts.get("port_listener"), endpoint.config.vllm_port
-    if listener and not _port_is_ours(facts):
+    if listener and not _port_is_ours(facts) and endpoint.role != "worker":  # a worker serves no API
         yield Finding("host.port", "error", "vllm_port",
                       f"port {port} is already held by {listener} (not {UNIT}): stop it, or set vllm_port "
                       "to a free port")
@@ -358,7 +358,7 @@ def _budget_line(endpoint: Endpoint, facts: Facts) -> str:
 def host_summary(endpoint: Endpoint, facts: Facts, checkpoint_bytes: int) -> dict[str, str]:
     """What each always-run check saw, for the `ok` rows of `sparkfleet doctor`."""
     release, docker = facts.get("os") or {}, facts.get("docker") or {}
-    gpu, disk, port = facts.get("gpu") or {}, facts.get("disk") or {}, endpoint.config.vllm_port
+    gpu, disk = facts.get("gpu") or {}, facts.get("disk") or {}
     architectures = ", ".join(endpoint.recipe.image_architectures)
     return {
         "host.arch": f"{facts.get('arch')}; {endpoint.image} is built for {architectures}",
@@ -368,10 +368,17 @@ def host_summary(endpoint: Endpoint, facts: Facts, checkpoint_bytes: int) -> dic
         "host.memory": _budget_line(endpoint, facts),
         "host.disk": f"{gb(disk.get('free', 0))} free on {disk.get('mount')}, {gb(disk.get('staged', 0))} "
                      f"staged; the weights need {gb(disk_needed(checkpoint_bytes))} with margin",
-        "host.port": f"port {port} is served by {UNIT}" if facts.get("port_listener") else f"port {port} is free",
+        "host.port": _port_line(endpoint, facts),
         "host.dropin": "no docker.service.d flag collides with a daemon.json key",
         "host.fabric": _fabric_line(endpoint, facts),
     }
+
+
+def _port_line(endpoint: Endpoint, facts: Facts) -> str:
+    port = endpoint.config.vllm_port
+    if endpoint.role == "worker":
+        return f"a pair's worker serves no API: port {port} is not needed here"
+    return f"port {port} is served by {UNIT}" if facts.get("port_listener") else f"port {port} is free"
 
 
 def _fabric_line(endpoint: Endpoint, facts: Facts) -> str:

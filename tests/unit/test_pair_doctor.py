@@ -12,7 +12,7 @@ from pyinfra.api import Config, Host, Inventory, State
 from sparkfleet import doctor, pair_checks
 from sparkfleet.config import SparkConfig
 from sparkfleet.endpoint import Endpoint, resolve
-from sparkfleet.preflight import HOST_CHECKS, host_findings, preflight_query
+from sparkfleet.preflight import HOST_CHECKS, host_findings, host_summary, preflight_query
 from sparkfleet.remote import host_facts
 from tests.unit.resolved import offline_sources, resolved
 from tests.unit.test_host_facts import IP_CABLED, IP_DOWN, IP_NO_ADDRESS, IP_NO_CARRIER
@@ -230,3 +230,12 @@ def test_doctor_reads_both_hosts_of_a_targeted_pair(monkeypatch: pytest.MonkeyPa
     assert queries["pair-02"]["master"] == {"address": "192.168.100.10", "port": 29500}
     assert queries["pair-01"]["pair"]["interface"] == "enp1s0f0np0"
     assert [row.rule for row in reports[0].rows][-3:] == list(pair_checks.CHECKS)
+
+
+def test_the_workers_api_port_is_not_needed_so_another_listener_there_is_fine() -> None:
+    head, worker = head_and_worker()
+    taken = {"port_listener": "nginx", "port_ours": False, "endpoint_state": "active"}
+    assert [f.rule for f in host_findings(worker, pair_facts(worker, **taken)) if f.rule == "host.port"] == []
+    assert [f.field for f in host_findings(head, pair_facts(head, **taken)) if f.rule == "host.port"] == ["vllm_port"]
+    assert host_summary(worker, pair_facts(worker), 0)["host.port"] == (
+        "a pair's worker serves no API: port 8000 is not needed here")
