@@ -279,12 +279,19 @@ def render(reports: list[HostReport], console: Console, explain_budget: bool) ->
 
 
 def verdict(reports: list[HostReport]) -> str:
-    failing = [report.host for report in reports if report.status == "error"]
+    """The last line: hosts a deploy would refuse, then hosts whose pair cannot serve (a deploy goes ahead with
+    them: only doctor compares the two hosts of a pair)."""
+    refused = [report.host for report in reports
+               if any(row.status == "error" and row.rule not in pair_checks.CHECKS for row in report.rows)]
+    unpaired = [report.host for report in reports if report.status == "error" and report.host not in refused]
     warned = sum(report.status == "warning" for report in reports)
     if not reports:
         return "doctor: no host matched"
-    if failing:
-        return f"doctor: {len(failing)} of {len(reports)} hosts would be refused: {', '.join(failing)}"
+    parts = [f"{len(refused)} of {len(reports)} hosts would be refused: {', '.join(refused)}"] if refused else []
+    if unpaired:
+        parts.append(f"{len(unpaired)} would deploy but their pair cannot serve: {', '.join(unpaired)}")
+    if parts:
+        return "doctor: " + "; ".join(parts)
     return f"doctor: all {len(reports)} hosts fit their endpoint" + (f" ({warned} with warnings)" if warned else "")
 
 

@@ -239,3 +239,13 @@ def test_the_workers_api_port_is_not_needed_so_another_listener_there_is_fine() 
     assert [f.field for f in host_findings(head, pair_facts(head, **taken)) if f.rule == "host.port"] == ["vllm_port"]
     assert host_summary(worker, pair_facts(worker), 0)["host.port"] == (
         "a pair's worker serves no API: port 8000 is not needed here")
+
+
+def test_the_verdict_tells_a_refused_host_from_a_pair_that_cannot_serve() -> None:
+    def report(host: str, rule: str) -> doctor.HostReport:
+        return doctor.HostReport(host, [doctor.Row(rule, "error", "f", "m"), doctor.Row("host.os", "ok", "", "")])
+
+    assert doctor.verdict([report("pair-01", "pair.image"), report("pair-02", "pair.image")]) == (
+        "doctor: 2 would deploy but their pair cannot serve: pair-01, pair-02")
+    assert doctor.verdict([report("spark-01", "host.disk"), report("pair-01", "pair.master")]) == (
+        "doctor: 1 of 2 hosts would be refused: spark-01; 1 would deploy but their pair cannot serve: pair-01")
