@@ -75,7 +75,9 @@ def preflight_query(endpoint: Endpoint) -> dict[str, Any]:
                              "unit": f"{UNIT}.service", "container": CONTAINER, "daemon_json": DAEMON_JSON}
     if endpoint.config.pair is not None:
         query["pair"] = {"interface": endpoint.config.pair.interface, "image": endpoint.image, "unit_file": UNIT_FILE,
-                         "manifest": f"{endpoint.weights_dir}/{MANIFEST}"}
+                         "manifest": f"{endpoint.weights_dir}/{MANIFEST}", "container": CONTAINER}
+        if endpoint.role == "head":
+            query["pair"]["master_port"] = endpoint.config.pair.master_port
     return query
 
 
@@ -331,6 +333,18 @@ def _fabric(endpoint: Endpoint, facts: Facts) -> Iterator[Finding]:
                       f"to the head's address on {name}, or add it there")
 
 
+def _master_port(endpoint: Endpoint, facts: Facts) -> Iterator[Finding]:
+    """The head's engine binds master_port: another listener there fails the pair at its start."""
+    pair, held = endpoint.config.pair, ((facts.get("pair") or {}).get("master_port") or {})
+    if pair is None or endpoint.role != "head" or not held.get("port_listener"):
+        return
+    if not _port_is_ours({**held, "endpoint_state": facts.get("endpoint_state")}):
+        yield Finding("host.port", "error", "pair.master_port",
+                      f"port {pair.master_port} (the master port of pair {pair.name}) is already held by "
+                      f"{held['port_listener']} (not {UNIT}): the head's engine could not bind it; stop it, or set "
+                      "`pair.master_port` to a free port in the pair's group data")
+
+
 def host_findings(endpoint: Endpoint, facts: Facts, checkpoint_bytes: int | None = None) -> list[Finding]:
     """Every host finding for `endpoint` on a host with `facts` (SparkFacts); `checkpoint_bytes` defaults
     to the recipe's (pass `checkpoint_size(endpoint)`)."""
@@ -338,7 +352,7 @@ def host_findings(endpoint: Endpoint, facts: Facts, checkpoint_bytes: int | None
     return [
         *_probe_errors(facts), *_platform(endpoint, facts), *_docker(facts), *_gpu(endpoint, facts),
         *_memory(endpoint, facts), *_disk(endpoint, facts, size), *_port(endpoint, facts),
-        *_dropins(endpoint, facts), *_fabric(endpoint, facts),
+        *_master_port(endpoint, facts), *_dropins(endpoint, facts), *_fabric(endpoint, facts),
     ]
 
 

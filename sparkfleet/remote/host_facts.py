@@ -231,9 +231,12 @@ def mounted_weights(unit_file: str) -> str | None:
 
 def pair_facts(query: dict[str, Any]) -> dict[str, Any]:
     """What doctor compares across a pair's two hosts: the fabric interface, the image's id, the weights the unit
-    mounts and whether the wanted generation is staged."""
-    return {"fabric": fabric(query["interface"]), "image_id": image_id(query["image"]),
-            "mounted": mounted_weights(query["unit_file"]), "staged": Path(query["manifest"]).is_file()}
+    mounts and whether the wanted generation is staged; on the head, who listens on the master port."""
+    found = {"fabric": fabric(query["interface"]), "image_id": image_id(query["image"]),
+             "mounted": mounted_weights(query["unit_file"]), "staged": Path(query["manifest"]).is_file()}
+    if "master_port" in query:  # the head: its engine binds the master port, which nothing else may hold
+        found["master_port"] = port_listener(query["master_port"], query["container"])
+    return found
 
 
 def reach(address: str, port: int) -> str:

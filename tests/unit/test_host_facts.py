@@ -415,6 +415,25 @@ def test_pair_facts_read_the_rendered_units_mount_and_the_staged_manifest(tmp_pa
     assert (found["mounted"], found["staged"]) == (spark.weights_dir, True)
 
 
+def test_a_heads_pair_facts_say_who_holds_the_master_port(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only the head is asked (its engine binds the port); a torch job of someone else's holds it here."""
+    pair = {"name": "pair-a", "head": "pair-01", "interface": "enp1s0f0np0", "master_addr": "192.168.100.10"}
+    head = resolved(resolve("pair-01", SparkConfig(pair=pair)))
+    listening = ('LISTEN 0 4096 192.168.100.10:29500 0.0.0.0:* users:(("python3",pid=4242,fd=7))\n')
+
+    def answer(argv: tuple[str, ...]) -> Result:
+        if argv[0] in ("ip", "ss"):
+            return 0, IP_CABLED if argv[0] == "ip" else listening, ""
+        if argv[:2] == ("docker", "inspect"):  # the endpoint's container: not running
+            return 1, "", "Error: No such object: sparkfleet-vllm\n"
+        return 0, "sha256:3b2f8e5c\n", ""  # docker image inspect
+
+    calls = fake_run(monkeypatch, answer)
+    found = host_facts.pair_facts(preflight_query(head)["pair"])
+    assert found["master_port"] == {"port_listener": "python3", "port_ours": False}
+    assert ("ss", "-Hltnp", "sport", "=", ":29500") in [call["argv"] for call in calls]
+
+
 def test_reach_says_ok_refused_or_why_not(monkeypatch: pytest.MonkeyPatch) -> None:
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))

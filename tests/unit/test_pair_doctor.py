@@ -249,3 +249,22 @@ def test_the_verdict_tells_a_refused_host_from_a_pair_that_cannot_serve() -> Non
         "doctor: 2 would deploy but their pair cannot serve: pair-01, pair-02")
     assert doctor.verdict([report("spark-01", "host.disk"), report("pair-01", "pair.master")]) == (
         "doctor: 1 of 2 hosts would be refused: spark-01; 1 would deploy but their pair cannot serve: pair-01")
+
+
+@pytest.mark.parametrize(("held", "refused"), [
+    ({"port_listener": None, "port_ours": False}, False),
+    ({"port_listener": "vllm", "port_ours": True}, False),          # the head's own engine
+    ({"port_listener": "python3", "port_ours": False}, True),      # a training job's torch store
+    ({"port_listener": "unknown", "port_ours": None}, False),       # not named: the unit is active, trust it
+])
+def test_the_heads_master_port_held_by_someone_else_refuses_the_head(held: dict[str, Any], refused: bool) -> None:
+    head, worker = head_and_worker()
+    assert preflight_query(head)["pair"]["master_port"] == 29500
+    assert "master_port" not in preflight_query(worker)["pair"]
+    found = pair_facts(head)
+    found["pair"]["master_port"] = held
+    errors = [f for f in host_findings(head, found) if f.field == "pair.master_port"]
+    assert len(errors) == refused
+    if refused:
+        assert errors[0].message.startswith("port 29500 (the master port of pair pair-a) is already held by python3 "
+                                            "(not sparkfleet-vllm)")
