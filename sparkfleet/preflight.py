@@ -392,7 +392,12 @@ def _port_line(endpoint: Endpoint, facts: Facts) -> str:
     port = endpoint.config.vllm_port
     if endpoint.role == "worker":
         return f"a pair's worker serves no API: port {port} is not needed here"
-    return f"port {port} is served by {UNIT}" if facts.get("port_listener") else f"port {port} is free"
+    line = f"port {port} is served by {UNIT}" if facts.get("port_listener") else f"port {port} is free"
+    if endpoint.role == "head":
+        master = endpoint.config.pair.master_port  # type: ignore[union-attr]
+        held = ((facts.get("pair") or {}).get("master_port") or {}).get("port_listener")
+        line += f"; master port {master} is " + (f"held by {UNIT}" if held else "free")
+    return line
 
 
 def _fabric_line(endpoint: Endpoint, facts: Facts) -> str:

@@ -239,6 +239,11 @@ def test_the_workers_api_port_is_not_needed_so_another_listener_there_is_fine() 
     assert [f.field for f in host_findings(head, pair_facts(head, **taken)) if f.rule == "host.port"] == ["vllm_port"]
     assert host_summary(worker, pair_facts(worker), 0)["host.port"] == (
         "a pair's worker serves no API: port 8000 is not needed here")
+    ours = pair_facts(head, port_listener="vllm", port_ours=True)
+    ours["pair"]["master_port"] = {"port_listener": "vllm", "port_ours": True}
+    assert host_summary(head, ours, 0)["host.port"] == (
+        "port 8000 is served by sparkfleet-vllm; master port 29500 is held by sparkfleet-vllm")
+    assert host_summary(head, pair_facts(head), 0)["host.port"] == "port 8000 is free; master port 29500 is free"
 
 
 def test_the_verdict_tells_a_refused_host_from_a_pair_that_cannot_serve() -> None:
